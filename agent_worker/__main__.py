@@ -1,0 +1,3 @@
+from agent_worker.cli import main
+
+main()

@@ -1,0 +1,63 @@
+"""`reach-worker`: serve one or more capabilities from this process."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from agent_worker.handlers import resolve_bindings
+from agent_worker.runtime import Worker
+from broker.cliutil import EXIT_USAGE, cli_errors, fail, setup_logging
+from broker.settings import Settings
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+
+
+def parse_labels(items: list[str]) -> dict[str, str]:
+    labels = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            fail(f"--label {item!r}: expected key=value", EXIT_USAGE)
+        labels[key] = value
+    return labels
+
+
+@app.command()
+@cli_errors
+def serve(
+    capability: Annotated[list[str], typer.Option(
+        "--capability", "-c",
+        help="Capability to serve; repeat for several. 'name=pkg.mod:func' binds a handler to one.")],
+    handler: Annotated[str | None, typer.Option(help="pkg.mod:func serving every --capability")] = None,
+    http: Annotated[str | None, typer.Option(help="URL of an HTTP agent serving every --capability")] = None,
+    concurrency: Annotated[int, typer.Option(min=1, max=10000, help="Tasks run at once")] = 8,
+    region: Annotated[str | None, typer.Option(help="Region/data locality label")] = None,
+    version: Annotated[str | None, typer.Option(help="Agent version, for version routing")] = None,
+    agent_id: Annotated[str | None, typer.Option(help="Default: hostname-pid-random")] = None,
+    warmup_s: Annotated[float, typer.Option(min=0, help="Seconds to stay 'warming' after start")] = 0.0,
+    label: Annotated[list[str] | None, typer.Option(help="key=value label; repeatable")] = None,
+    redis_url: Annotated[str | None, typer.Option(help="Redis URL (else REDIS_URL)")] = None,
+    config: Annotated[Path | None, typer.Option(help="Config file (else REACH_CONFIG, ./reach.toml)")] = None,
+    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+) -> None:
+    """Serve capabilities: read tasks from this agent's inboxes, run them, report results."""
+    setup_logging(log_level)
+    settings = Settings.load(config, redis_url=redis_url)
+    if handler and http:
+        fail("give --handler or --http, not both", EXIT_USAGE)
+    bindings = resolve_bindings(settings, capability, handler=handler, http=http)
+    worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
+                    version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
+    raise typer.Exit(asyncio.run(worker.run()))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""Registering an agent, and the heartbeat thread that keeps it known.
+
+The heartbeat runs on its own thread with its own short-timeout Redis connection, apart from the
+event loop that runs tasks: so a heartbeat can say "alive, but my executor is stuck" (the loop's
+last progress is old) and the registry can tell liveness from readiness. A missing Redis never
+stops the agent's work; beats resume when Redis is back.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import secrets
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from broker import connection, protocol
+from broker.models import AgentDescriptor
+from broker.scripts import AsyncScripts, Scripts
+from broker.settings import Settings
+
+log = logging.getLogger("reach.worker")
+
+HEARTBEAT_SOCKET_TIMEOUT_S = 2.0
+
+
+def token_sha(token: str) -> str:
+    """What the registry stores instead of the token (scripts compare with redis.sha1hex)."""
+    return hashlib.sha1(token.encode()).hexdigest()
+
+
+def new_token() -> tuple[str, str]:
+    """(token, its sha1 hex). Only the hash is ever stored."""
+    token = secrets.token_urlsafe(24)
+    return token, token_sha(token)
+
+
+async def register(settings: Settings, client: Any, scripts: AsyncScripts,
+                   descriptor: AgentDescriptor) -> str:
+    """Register (idempotent upsert) and bind every capability; returns the new token."""
+    token, sha = new_token()
+    await scripts(protocol.register_call(
+        settings, descriptor.agent_id, sha, descriptor.model_dump_json(),
+        round(descriptor.warmup_s * 1000), descriptor.capabilities,
+    ))
+    for capability in descriptor.capabilities:
+        await scripts(protocol.bind_call(settings, capability, descriptor.agent_id, sha))
+    return token
+
+
+class HeartbeatThread(threading.Thread):
+    """Beats every heartbeat_ms (and at once when asked), carrying the worker's stats."""
+
+    def __init__(self, settings: Settings, agent_id: str, token: Callable[[], str],
+                 stats: Callable[[], dict[str, Any]], on_refused: Callable[[], None]) -> None:
+        super().__init__(name="reach-heartbeat", daemon=True)
+        self.settings = settings
+        self.agent_id = agent_id
+        self._token = token
+        self._stats = stats
+        self._on_refused = on_refused
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._mode = ""
+        self._client: Any = None
+        self._scripts: Scripts | None = None
+        self.beats = 0
+        self.failures = 0
+
+    def beat_now(self, mode: str = "") -> None:
+        if mode:
+            self._mode = mode
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def run(self) -> None:
+        interval = self.settings.heartbeat_ms / 1000
+        while not self._stop.is_set():
+            self.beat()
+            self._wake.wait(interval)
+            self._wake.clear()
+        if self._client is not None:
+            self._client.close()
+
+    def beat(self) -> bool:
+        try:
+            if self._client is None:
+                self._client = connection.sync_client(
+                    self.settings, socket_timeout=HEARTBEAT_SOCKET_TIMEOUT_S
+                )
+                self._scripts = Scripts(self._client)
+            assert self._scripts is not None
+            reply = self._scripts(protocol.heartbeat_call(
+                self.settings, self.agent_id, self._token(), self._stats(), self._mode
+            ))
+        except (redis.exceptions.RedisError, OSError) as exc:
+            self.failures += 1
+            if self.failures == 1 or self.failures % 10 == 0:
+                log.warning("heartbeat failed (%s); the agent keeps working", exc)
+            return False
+        if reply[0] != "ok":
+            log.error("registry refused this agent's heartbeat (%s); registering again", reply[0])
+            self._on_refused()
+            return False
+        self.failures = 0
+        self.beats += 1
+        return True

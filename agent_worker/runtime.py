@@ -1,0 +1,496 @@
+"""The worker: reads its inboxes, runs handlers, reports results, keeps its leases.
+
+One asyncio loop per process, with these jobs running side by side:
+- a reader per capability: blocks on XREADGROUP of its inbox for as many entries as it has
+  free slots, then accepts them in one script call (the fence check) and starts each;
+- the flusher: stores finished attempts in batches (complete.lua: result + ack + next step);
+- the renewer: every lease/3 extends the leases of running tasks, and stops tasks whose
+  attempt was superseded;
+- the control listener: cancels running tasks when their producer cancels them;
+- the ticker: marks that the loop makes progress (the heartbeat thread reports its age).
+The heartbeat runs on its own thread (registration.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import re
+import secrets
+import signal
+import socket
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+
+from agent_worker.classify import backoff_ms
+from agent_worker.context import TaskContext
+from agent_worker.executor import AttemptEnd, run_attempt
+from agent_worker.handlers import Binding
+from agent_worker.registration import HeartbeatThread, register, token_sha
+from broker import codec, connection, protocol
+from broker.errors import ConfigError
+from broker.ids import split_task_id
+from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
+from broker.models import AgentDescriptor, Outcome, ms_to_datetime
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
+
+log = logging.getLogger("reach.worker")
+
+AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+READ_BLOCK_MS = 1000
+COMPLETE_BATCH = 200
+TICK_S = 0.1
+
+
+def default_agent_id() -> str:
+    host = re.sub(r"[^A-Za-z0-9_.-]", "-", socket.gethostname())[:60] or "host"
+    return f"{host}-{os.getpid()}-{secrets.token_hex(2)}"
+
+
+def check_agent_id(agent_id: str) -> str:
+    if not AGENT_ID_RE.match(agent_id):
+        raise ConfigError(
+            f"invalid agent id {agent_id!r}: use up to 128 letters, digits, '_', '.', '-'"
+        )
+    return agent_id
+
+
+@dataclass(eq=False)
+class Running:
+    binding: Binding
+    lease: protocol.Lease
+    ctx: TaskContext
+    task: asyncio.Task[Any] | None = None
+
+
+@dataclass
+class WorkerStats:
+    done: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    rejected: int = 0
+    latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100))
+
+
+class Worker:
+    def __init__(
+        self,
+        settings: Settings,
+        bindings: list[Binding],
+        *,
+        concurrency: int = 8,
+        agent_id: str | None = None,
+        region: str | None = None,
+        version: str | None = None,
+        warmup_s: float = 0.0,
+        labels: dict[str, str] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError("--concurrency must be at least 1")
+        self.settings = settings
+        self.bindings = {b.capability: b for b in bindings}
+        self.concurrency = concurrency
+        self.agent_id = check_agent_id(agent_id or default_agent_id())
+        self.descriptor = AgentDescriptor(
+            agent_id=self.agent_id, capabilities=list(self.bindings), max_concurrency=concurrency,
+            region=region, version=version, warmup_s=warmup_s, labels=labels or {},
+            host=socket.gethostname(), pid=os.getpid(),
+        )
+        self.stats = WorkerStats()
+        self.token = ""
+        self.running: dict[str, Running] = {}
+        self._free = concurrency
+        self._stopping = False
+        self._last_tick = time.monotonic()
+        self._max_lag_ms = 0.0
+        self._completions: dict[str, list[protocol.Completion]] = {}
+        self._signals = 0
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def run(self, *, install_signals: bool = True) -> int:
+        """Serve until asked to stop (SIGTERM/SIGINT or `stop()`), then drain. Returns 0."""
+        self._loop = asyncio.get_running_loop()
+        self._stop_event = asyncio.Event()
+        self._slots = asyncio.Condition()
+        self._flush_event = asyncio.Event()
+        self._reregister = asyncio.Event()
+        self._redis: Any = connection.async_client(self.settings)
+        self._scripts = AsyncScripts(self._redis)
+        self._threads = ThreadPoolExecutor(self.concurrency + 2, thread_name_prefix="reach-handler")
+        if install_signals:
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._loop.add_signal_handler(sig, self._on_signal)
+        log.info("agent %s starting: %s", self.agent_id,
+                 ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()))
+        self.token = await connection.with_reconnect(self._register)
+        self._heartbeat = HeartbeatThread(
+            self.settings, self.agent_id, lambda: self.token, self.heartbeat_stats,
+            self._reregister_from_thread,
+        )
+        self._heartbeat.start()
+        jobs = [asyncio.create_task(self._reader(b), name=f"reader-{c}")
+                for c, b in self.bindings.items()]
+        helpers = [
+            asyncio.create_task(self._flusher(), name="flusher"),
+            asyncio.create_task(self._renewer(), name="renewer"),
+            asyncio.create_task(self._control(), name="control"),
+            asyncio.create_task(self._ticker(), name="ticker"),
+            asyncio.create_task(self._registrar(), name="registrar"),
+        ]
+        log.info("agent %s ready (concurrency %d)", self.agent_id, self.concurrency)
+        await self._stop_event.wait()
+        await self._drain(jobs)
+        for job in helpers:
+            job.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+        self._heartbeat.stop()
+        self._threads.shutdown(wait=False, cancel_futures=True)
+        await self._redis.aclose()
+        log.info("agent %s stopped", self.agent_id)
+        return 0
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._stop_event.set()
+
+    def _on_signal(self) -> None:
+        self._signals += 1
+        if self._signals > 1:
+            log.warning("second signal: exiting now")
+            os._exit(1)
+        log.info("signal received: draining (again to exit at once)")
+        self.stop()
+
+    def _reregister_from_thread(self) -> None:
+        self._loop.call_soon_threadsafe(self._reregister.set)
+
+    async def _register(self) -> str:
+        return await register(self.settings, self._redis, self._scripts, self.descriptor)
+
+    async def _registrar(self) -> None:
+        """Registers again when the registry refused our token (e.g. the record was pruned)."""
+        while True:
+            await self._reregister.wait()
+            self._reregister.clear()
+            self.token = await connection.with_reconnect(self._register)
+            self._heartbeat.beat_now()
+
+    async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
+        grace = self.settings.drain_grace_ms / 1000
+        log.info("draining: %d task(s) in flight, grace %.0fs", len(self.running), grace)
+        self._heartbeat.beat_now("draining")
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
+        deadline = time.monotonic() + grace
+        while self.running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for item in list(self.running.values()):  # past the grace period: hand them back
+            item.ctx._cancel()
+            if item.task is not None:
+                item.task.cancel()
+        while self.running:
+            await asyncio.sleep(0.01)
+        self._flush_event.set()
+        while self._completions:
+            await asyncio.sleep(0.01)
+        with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+            await self._scripts(protocol.deregister_call(self.settings, self.agent_id, self.token))
+            for capability in self.bindings:
+                ck = CapabilityKeys(self.settings.prefix, capability)
+                await self._redis.hdel(ck.tokens, self.agent_id)
+
+    # -- slots ------------------------------------------------------------------------------
+
+    async def _reserve(self, most: int) -> int:
+        async with self._slots:
+            await self._slots.wait_for(lambda: self._free > 0 or self._stopping)
+            if self._stopping:
+                return 0
+            n = min(most, self._free)
+            self._free -= n
+            return n
+
+    async def _release(self, n: int) -> None:
+        if n <= 0:
+            return
+        async with self._slots:
+            self._free += n
+            self._slots.notify_all()
+
+    # -- reading and accepting --------------------------------------------------------------
+
+    async def _reader(self, binding: Binding) -> None:
+        ck = CapabilityKeys(self.settings.prefix, binding.capability)
+        inbox = ck.inbox(self.agent_id)
+        share = max(1, self.concurrency // len(self.bindings))
+        backoff = 0.1
+        while not self._stopping:
+            n = await self._reserve(share)
+            if n == 0:
+                return
+            try:
+                reply = await self._redis.xreadgroup(
+                    AGENT_GROUP, self.agent_id, {inbox: ">"}, count=n, block=READ_BLOCK_MS
+                )
+                entries = reply[0][1] if reply else []
+                await self._release(n - len(entries))
+                if entries:
+                    await self._accept(binding, ck, entries)
+                backoff = 0.1
+            except redis.exceptions.ResponseError as exc:
+                await self._release(n)
+                if "NOGROUP" not in str(exc):
+                    raise
+                await self._scripts(protocol.bind_call(
+                    self.settings, binding.capability, self.agent_id, token_sha(self.token)))
+            except connection.TRANSIENT_ERRORS as exc:
+                await self._release(n)
+                log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def _accept(self, binding: Binding, ck: CapabilityKeys,
+                      entries: list[tuple[str, dict[str, str]]]) -> None:
+        deliveries: list[protocol.Delivery] = []
+        for entry_id, fields in entries:
+            local, fence = fields.get("id", ""), fields.get("fence", "")
+            if not _valid_delivery(binding.capability, local, fence):
+                await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
+                                                  entry_id, fields)
+                await self._release(1)
+                continue
+            deliveries.append(protocol.Delivery(entry_id, local, fence))
+        if not deliveries:
+            return
+        call = protocol.accept_call(self.settings, binding.capability, self.agent_id, self.token,
+                                    deliveries)
+        reply = await connection.with_reconnect(lambda: self._scripts(call))
+        parsed = protocol.parse_accept(deliveries, reply)
+        if parsed.refused:
+            log.error("inbox %s: our token was refused; registering again", binding.capability)
+            await self._release(len(deliveries))
+            self._reregister.set()
+            return
+        await self._release(len(deliveries) - len(parsed.accepted))
+        for accepted in parsed.accepted:
+            self._start(binding, accepted)
+
+    async def _dead_letter_malformed(self, capability: str, stream: str, entry_id: str,
+                                     fields: dict[str, str]) -> None:
+        log.error("malformed entry %s in %s: dead-lettered", entry_id, stream)
+        await self._scripts(protocol.dead_letter_raw_call(
+            self.settings, capability, stream, AGENT_GROUP, entry_id, "malformed",
+            "inbox entry without a valid task id and fence", fields,
+        ))
+
+    # -- running ----------------------------------------------------------------------------
+
+    def _start(self, binding: Binding, task: protocol.AcceptedTask) -> None:
+        deadline = ms_to_datetime(task.deadline_at_ms)
+        timeout_ms = task.timeout_ms or binding.timeout_ms
+        try:
+            metadata = codec.loads(task.metadata) if task.metadata else {}
+        except ValueError:
+            metadata = {}
+        ctx = TaskContext(
+            task_id=task.task_id, capability=binding.capability, attempt=task.attempt,
+            max_attempts=task.max_attempts, trace_id=task.trace_id,
+            session_id=task.session_id or None, deadline=deadline, timeout_s=timeout_ms / 1000,
+            metadata=metadata if isinstance(metadata, dict) else {},
+            _sink=self._report_progress, _loop=self._loop,
+        )
+        item = Running(binding, protocol.Lease(task.entry_id, task.local_id, task.fence), ctx)
+        self.running[task.task_id] = item
+        item.task = asyncio.create_task(self._run(item, task.payload), name=task.task_id)
+
+    async def _run(self, item: Running, payload: str) -> None:
+        ctx = item.ctx
+        try:
+            end = await run_attempt(item.binding, ctx, payload, self._threads,
+                                    self.settings.max_payload_bytes)
+        except asyncio.CancelledError:
+            end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
+        finally:
+            self.running.pop(ctx.task_id, None)
+            await self._release(1)
+        self.stats.latencies_ms.append(end.exec_ms)
+        delay = 0
+        if end.outcome is Outcome.RETRYABLE_FAILURE:
+            delay = backoff_ms(ctx.attempt, self.settings)
+            if end.retry_after_s is not None:
+                delay = max(delay, round(end.retry_after_s * 1000))
+        self._completions.setdefault(item.binding.capability, []).append(protocol.Completion(
+            item.lease.entry_id, item.lease.local_id, item.lease.fence, end.outcome.value,
+            end.body, delay, end.exec_ms,
+        ))
+        self._flush_event.set()
+
+    async def _report_progress(self, ctx: TaskContext, fraction: float | None, message: str | None,
+                               data: dict[str, Any]) -> bool:
+        item = self.running.get(ctx.task_id)
+        if item is None:
+            return False
+        body: dict[str, Any] = dict(data)
+        if fraction is not None:
+            body["fraction"] = fraction
+        if message is not None:
+            body["message"] = message
+        try:
+            codec.check_json_value(body, "progress")
+        except codec.NotStrictJson as exc:
+            raise ValueError(str(exc)) from None
+        try:
+            status = await self._scripts(protocol.progress_call(
+                self.settings, ctx.capability, item.lease.local_id, self.agent_id, self.token,
+                item.lease.fence, body,
+            ))
+        except connection.TRANSIENT_ERRORS as exc:
+            log.warning("progress of %s not recorded: %s", ctx.task_id, exc)
+            return True
+        return bool(status == "ok")
+
+    # -- completing -------------------------------------------------------------------------
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._flush_event.wait()
+            self._flush_event.clear()
+            while self._completions:
+                capability, items = self._completions.popitem()
+                for start in range(0, len(items), COMPLETE_BATCH):
+                    await self._complete(capability, items[start : start + COMPLETE_BATCH])
+
+    async def _complete(self, capability: str, items: list[protocol.Completion]) -> None:
+        call = protocol.complete_call(self.settings, capability, self.agent_id, self.token, items)
+        # Retrying is safe: a report that was applied already is recognised ('dup').
+        reply = protocol.parse_complete(
+            await connection.with_reconnect(lambda: self._scripts(call))
+        )
+        if reply.refused:
+            log.error("results for %s refused (token); leases will hand the tasks on", capability)
+            self._reregister.set()
+            return
+        for status, item in zip(reply.statuses, items, strict=True):
+            self.stats.done += 1
+            if status == "ok":
+                self.stats.succeeded += 1
+            elif status == "stale":
+                self.stats.rejected += 1
+                log.warning("late result for %s:%s rejected (attempt superseded)",
+                            capability, item.local_id)
+            elif status == "failed":
+                self.stats.failed += 1
+
+    # -- leases -----------------------------------------------------------------------------
+
+    async def _renewer(self) -> None:
+        interval = self.settings.lease_ms / 3000
+        while True:
+            await asyncio.sleep(interval)
+            by_capability: dict[str, list[Running]] = {}
+            for item in list(self.running.values()):
+                by_capability.setdefault(item.binding.capability, []).append(item)
+            for capability, items in by_capability.items():
+                try:
+                    reply = await self._scripts(protocol.renew_call(
+                        self.settings, capability, self.agent_id, self.token,
+                        [item.lease for item in items],
+                    ))
+                except connection.TRANSIENT_ERRORS as exc:
+                    log.warning("lease renewal failed (%s); will retry", exc)
+                    continue
+                if reply and reply[0] == "REFUSED":
+                    self._reregister.set()
+                    continue
+                for status, item in zip(reply, items, strict=True):
+                    if status != "ok":
+                        log.warning("task %s: attempt superseded (%s); stopping it",
+                                    item.ctx.task_id, status)
+                        self._cancel_running(item)
+
+    def _cancel_running(self, item: Running) -> None:
+        item.ctx._cancel()
+        if item.binding.is_async and item.task is not None:
+            item.task.cancel()
+
+    # -- control and health -----------------------------------------------------------------
+
+    async def _control(self) -> None:
+        channel = Channels(self.settings.prefix).control(self.agent_id)
+        while True:
+            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message and message.get("type") == "message":
+                        self._on_control(str(message["data"]))
+            except connection.TRANSIENT_ERRORS as exc:
+                log.warning("control channel lost (%s); resubscribing", exc)
+                await asyncio.sleep(1.0)
+            finally:
+                with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                    await pubsub.aclose()
+
+    def _on_control(self, text: str) -> None:
+        verb, _, arg = text.partition(" ")
+        if verb == "cancel":
+            item = self.running.get(arg)
+            if item is not None:
+                log.info("task %s canceled by its producer", arg)
+                self._cancel_running(item)
+
+    async def _ticker(self) -> None:
+        while True:
+            before = time.monotonic()
+            await asyncio.sleep(TICK_S)
+            now = time.monotonic()
+            lag_ms = (now - before - TICK_S) * 1000
+            self._max_lag_ms = max(self._max_lag_ms * 0.9, lag_ms)
+            self._last_tick = now
+
+    def heartbeat_stats(self) -> dict[str, Any]:
+        """Numbers for the registry (advisory; routing counts load from Redis itself)."""
+        latencies = sorted(self.stats.latencies_ms)
+        p50 = latencies[len(latencies) // 2] if latencies else None
+        return {
+            "inflight": len(self.running),
+            "max_concurrency": self.concurrency,
+            "loop_progress_age_ms": round((time.monotonic() - self._last_tick) * 1000),
+            "loop_lag_ms": round(self._max_lag_ms, 1),
+            "latency_p50_ms": p50,
+            "done": self.stats.done,
+            "failed": self.stats.failed,
+            "rejected": self.stats.rejected,
+            "rss_kb": _rss_kb(),
+            "draining": self._stopping,
+        }
+
+
+def _valid_delivery(capability: str, local: str, fence: str) -> bool:
+    if not fence.isdigit():
+        return False
+    try:
+        split_task_id(f"{capability}:{local}")
+    except ValueError:
+        return False
+    return True
+
+
+def _rss_kb() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[1])
+        return pages * os.sysconf("SC_PAGE_SIZE") // 1024
+    except (OSError, ValueError, IndexError):
+        return None

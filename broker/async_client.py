@@ -1,0 +1,249 @@
+"""The asyncio producer client; mirrors ReachClient with `await` and `async for`.
+
+    async with AsyncReachClient.from_url("redis://localhost:6379/0") as client:
+        handle = await client.submit("summarize", {"text": "..."})
+        async for event in handle.events():
+            print(event.type)
+
+All waits of one client share one pub/sub connection (see broker/listener.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from broker import connection, protocol
+from broker.errors import QueueFull, UnknownTask
+from broker.ids import split_task_id
+from broker.keys import CapabilityKeys, Channels, RegistryKeys
+from broker.listener import TaskListener
+from broker.models import TaskEvent, TaskStatus
+from broker.results import OUTCOME_FIELDS, outcome, parse_events
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
+
+# With no message for this long a wait reads the record again: a safety net for a pub/sub
+# message lost to a reconnect, not a polling loop.
+_RECHECK_S = 5.0
+SUBMIT_BATCH = 200
+
+
+class AsyncTaskHandle:
+    def __init__(self, client: AsyncReachClient, task_id: str, created: bool = True) -> None:
+        self._client = client
+        self.task_id = task_id
+        self.capability = split_task_id(task_id)[0]
+        self.created = created
+
+    def __repr__(self) -> str:
+        return f"AsyncTaskHandle({self.task_id!r})"
+
+    async def status(self) -> TaskStatus:
+        return await self._client.status(self.task_id)
+
+    async def result(self, timeout: float | None = None) -> Any:
+        return await self._client.result(self.task_id, timeout=timeout)
+
+    def events(self, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
+        return self._client.events(self.task_id, timeout=timeout)
+
+    async def cancel(self) -> bool:
+        return await self._client.cancel(self.task_id)
+
+
+class AsyncReachClient:
+    def __init__(self, settings: Settings | None = None, *, redis_client: Any = None) -> None:
+        self.settings = settings or Settings.load()
+        self._redis: Any = redis_client or connection.async_client(self.settings)
+        self._scripts = AsyncScripts(self._redis)
+        self._channels = Channels(self.settings.prefix)
+        self._listener: TaskListener | None = None
+        self._known_capabilities: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> AsyncReachClient:
+        return cls(Settings.load(redis_url=url, **overrides))
+
+    async def close(self) -> None:
+        if self._listener is not None:
+            await self._listener.close()
+        await self._redis.aclose()
+
+    async def __aenter__(self) -> AsyncReachClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def submit(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        priority: int = 5,
+        session_id: str | None = None,
+        region: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        trace_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        max_attempts: int | None = None,
+    ) -> AsyncTaskHandle:
+        request = protocol.build_submit_request(
+            self.settings, capability, payload, priority=priority, session_id=session_id,
+            region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
+        )
+        return (await self._write([request]))[0]
+
+    async def submit_many(
+        self, capability: str, payloads: Iterable[Any], **options: Any
+    ) -> list[AsyncTaskHandle]:
+        requests = [
+            protocol.build_submit_request(self.settings, capability, p, **options) for p in payloads
+        ]
+        return await self._write(requests) if requests else []
+
+    async def run(
+        self, capability: str, payload: Any, *, timeout: float | None = None, **options: Any
+    ) -> Any:
+        handle = await self.submit(capability, payload, **options)
+        return await handle.result(timeout=timeout)
+
+    async def _write(self, requests: Sequence[protocol.SubmitRequest]) -> list[AsyncTaskHandle]:
+        capability = requests[0].capability
+        handles: list[AsyncTaskHandle] = []
+        with self._errors():
+            if capability not in self._known_capabilities:
+                await self._redis.sadd(RegistryKeys(self.settings.prefix).capabilities, capability)
+                self._known_capabilities.add(capability)
+            for start in range(0, len(requests), SUBMIT_BATCH):
+                call = protocol.submit_call(self.settings, requests[start : start + SUBMIT_BATCH])
+                async for attempt in connection.async_retrying(give_up_after_s=5.0):
+                    with attempt:
+                        reply = await self._scripts(call)
+                try:
+                    rows = protocol.parse_submit(capability, self.settings.max_queue_depth, reply)
+                except QueueFull as exc:
+                    exc.submitted = handles  # type: ignore[attr-defined]
+                    raise
+                handles += [AsyncTaskHandle(self, task_id, created) for task_id, created in rows]
+        return handles
+
+    async def get(self, task_id: str) -> AsyncTaskHandle:
+        ck, local = self._keys(task_id)
+        with self._errors():
+            if not await self._redis.exists(ck.task(local)):
+                raise UnknownTask(task_id)
+        return AsyncTaskHandle(self, task_id)
+
+    async def status(self, task_id: str) -> TaskStatus:
+        ck, local = self._keys(task_id)
+        with self._errors():
+            record = await self._redis.hgetall(ck.task(local))
+        if not record:
+            raise UnknownTask(task_id)
+        return TaskStatus.from_record(record)
+
+    async def result(self, task_id: str, timeout: float | None = None) -> Any:
+        ck, local = self._keys(task_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        channel = self._channels.task(task_id)
+        listener = self._get_listener()
+        with self._errors():
+            queue = await listener.watch(channel)
+            try:
+                while True:
+                    fields = await self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
+                    if fields[0] is None:
+                        raise UnknownTask(task_id)
+                    done, value = outcome(task_id, fields)
+                    if done:
+                        return value
+                    await self._wait_for_terminal(queue, deadline, task_id, timeout)
+            finally:
+                await listener.unwatch(channel, queue)
+
+    async def _wait_for_terminal(
+        self, queue: asyncio.Queue[str | None], deadline: float | None, task_id: str,
+        timeout: float | None,
+    ) -> None:
+        while True:
+            remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
+            try:
+                message = await asyncio.wait_for(queue.get(), min(remaining, _RECHECK_S))
+            except TimeoutError:
+                return
+            if message is None or _is_terminal(message):
+                return
+
+    async def events(self, task_id: str, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
+        ck, local = self._keys(task_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        channel = self._channels.task(task_id)
+        listener = self._get_listener()
+        last = 0
+        with self._errors():
+            queue = await listener.watch(channel)
+        try:
+            with self._errors():
+                if not await self._redis.exists(ck.task(local)):
+                    raise UnknownTask(task_id)
+            while True:
+                with self._errors():
+                    raw = await self._redis.lrange(ck.task_events(local), last, -1)
+                fresh = parse_events(raw, last)
+                for event in fresh:
+                    last = event.seq
+                    yield event
+                    if event.terminal:
+                        return
+                remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(queue.get(), min(remaining, _RECHECK_S))
+                while not queue.empty():
+                    queue.get_nowait()  # one LRANGE covers the burst
+        finally:
+            await listener.unwatch(channel, queue)
+
+    async def cancel(self, task_id: str) -> bool:
+        self._keys(task_id)
+        with self._errors():
+            reply = await self._scripts(protocol.cancel_call(self.settings, task_id))
+        if reply[0] == "gone":
+            raise UnknownTask(task_id)
+        return bool(reply[0] == "canceled")
+
+    def _get_listener(self) -> TaskListener:
+        if self._listener is None:
+            self._listener = TaskListener(self._redis)
+        return self._listener
+
+    def _keys(self, task_id: str) -> tuple[CapabilityKeys, str]:
+        capability, local = split_task_id(task_id)
+        return CapabilityKeys(self.settings.prefix, capability), local
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except connection.TRANSIENT_ERRORS as exc:
+            raise connection.unavailable(exc, self.settings) from exc
+
+
+_TERMINAL_MARKERS = ('"type":"succeeded"', '"type":"dead_lettered"', '"type":"canceled"')
+
+
+def _is_terminal(message: str) -> bool:
+    # Events are written by our scripts in one fixed layout, so a substring test is exact.
+    return any(marker in message for marker in _TERMINAL_MARKERS)

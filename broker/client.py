@@ -1,0 +1,251 @@
+"""The synchronous producer client.
+
+    client = ReachClient.from_url("redis://localhost:6379/0")
+    handle = client.submit("summarize", {"text": "..."}, priority=7)
+    print(handle.result(timeout=30))
+
+Waiting never polls: `result()` blocks on the task's `done` list (BLMOVE of the list onto
+itself, which wakes every waiter and leaves it intact) and `events()` follows the task's pub/sub
+channel, replaying the task's event list first so nothing is missed. A wait that times out
+raises the builtin TimeoutError and leaves the task running.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from broker import connection, protocol
+from broker.errors import QueueFull, UnknownTask
+from broker.ids import check_capability, split_task_id
+from broker.keys import CapabilityKeys, Channels, RegistryKeys
+from broker.models import TaskEvent, TaskStatus
+from broker.results import OUTCOME_FIELDS, outcome, parse_events
+from broker.scripts import Scripts
+from broker.settings import Settings
+
+# Longest single blocking call; a wait longer than this is several such calls (the socket must
+# not time out under a blocked command). Not polling: each call blocks until woken.
+_BLOCK_CHUNK_S = 5.0
+SUBMIT_BATCH = 200
+
+
+class TaskHandle:
+    """A submitted task. Cheap to make; every method asks Redis afresh."""
+
+    def __init__(self, client: ReachClient, task_id: str, created: bool = True) -> None:
+        self._client = client
+        self.task_id = task_id
+        self.capability = split_task_id(task_id)[0]
+        self.created = created
+        """False when an idempotency key matched an earlier task and this handle points to it."""
+
+    def __repr__(self) -> str:
+        return f"TaskHandle({self.task_id!r})"
+
+    def status(self) -> TaskStatus:
+        return self._client.status(self.task_id)
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._client.result(self.task_id, timeout=timeout)
+
+    def events(self, timeout: float | None = None) -> Iterator[TaskEvent]:
+        return self._client.events(self.task_id, timeout=timeout)
+
+    def cancel(self) -> bool:
+        return self._client.cancel(self.task_id)
+
+
+class ReachClient:
+    """Submit tasks by capability and read their outcome. Thread-safe."""
+
+    def __init__(self, settings: Settings | None = None, *, redis_client: Any = None) -> None:
+        self.settings = settings or Settings.load()
+        self._redis: Any = redis_client or connection.sync_client(self.settings)
+        self._scripts = Scripts(self._redis)
+        self._channels = Channels(self.settings.prefix)
+        self._known_capabilities: set[str] = set()
+
+    @classmethod
+    def from_url(cls, url: str, **overrides: Any) -> ReachClient:
+        return cls(Settings.load(redis_url=url, **overrides))
+
+    def close(self) -> None:
+        self._redis.close()
+
+    def __enter__(self) -> ReachClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- submitting -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        capability: str,
+        payload: Any,
+        *,
+        priority: int = 5,
+        session_id: str | None = None,
+        region: str | None = None,
+        idempotency_key: str | None = None,
+        timeout_s: float | None = None,
+        deadline_s: float | None = None,
+        trace_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        max_attempts: int | None = None,
+    ) -> TaskHandle:
+        request = protocol.build_submit_request(
+            self.settings, capability, payload, priority=priority, session_id=session_id,
+            region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
+            deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
+        )
+        return self._write([request])[0]
+
+    def submit_many(
+        self, capability: str, payloads: Iterable[Any], **options: Any
+    ) -> list[TaskHandle]:
+        """Submit many payloads with the same options, in batched script calls.
+
+        Every payload is validated before anything is written. If the queue fills up part-way,
+        QueueFull is raised and its `.submitted` holds the handles of the tasks already queued.
+        """
+        requests = [
+            protocol.build_submit_request(self.settings, capability, p, **options) for p in payloads
+        ]
+        if not requests:
+            return []
+        return self._write(requests)
+
+    def run(self, capability: str, payload: Any, *, timeout: float | None = None, **options: Any) -> Any:
+        """Submit and wait for the result (TimeoutError leaves the task running)."""
+        return self.submit(capability, payload, **options).result(timeout=timeout)
+
+    def _write(self, requests: Sequence[protocol.SubmitRequest]) -> list[TaskHandle]:
+        capability = requests[0].capability
+        handles: list[TaskHandle] = []
+        with self._errors():
+            self._remember_capability(capability)
+            for start in range(0, len(requests), SUBMIT_BATCH):
+                call = protocol.submit_call(self.settings, requests[start : start + SUBMIT_BATCH])
+                # Retrying is safe: the script refuses to create a task id twice.
+                for attempt in connection.retrying(self.settings):
+                    with attempt:
+                        reply = self._scripts(call)
+                try:
+                    rows = protocol.parse_submit(capability, self.settings.max_queue_depth, reply)
+                except QueueFull as exc:
+                    exc.submitted = handles  # type: ignore[attr-defined]
+                    raise
+                handles += [TaskHandle(self, task_id, created) for task_id, created in rows]
+        return handles
+
+    def _remember_capability(self, capability: str) -> None:
+        if capability not in self._known_capabilities:
+            self._redis.sadd(RegistryKeys(self.settings.prefix).capabilities, capability)
+            self._known_capabilities.add(capability)
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def get(self, task_id: str) -> TaskHandle:
+        """A handle for an existing task id (UnknownTask if Redis does not know it)."""
+        ck, local = self._keys(task_id)
+        with self._errors():
+            if not self._redis.exists(ck.task(local)):
+                raise UnknownTask(task_id)
+        return TaskHandle(self, task_id)
+
+    def status(self, task_id: str) -> TaskStatus:
+        ck, local = self._keys(task_id)
+        with self._errors():
+            record = self._redis.hgetall(ck.task(local))
+        if not record:
+            raise UnknownTask(task_id)
+        return TaskStatus.from_record(record)
+
+    def result(self, task_id: str, timeout: float | None = None) -> Any:
+        """The task's result; TaskFailed/TaskCanceled if it ended otherwise; TimeoutError if it
+        has not ended within `timeout` seconds (None: wait as long as it takes)."""
+        ck, local = self._keys(task_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._errors():
+            while True:
+                fields = self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
+                if fields[0] is None:
+                    raise UnknownTask(task_id)
+                done, value = outcome(task_id, fields)
+                if done:
+                    return value
+                remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
+                done_key = ck.task_done(local)
+                self._redis.blmove(done_key, done_key, min(remaining, _BLOCK_CHUNK_S), "RIGHT", "LEFT")
+
+    def events(self, task_id: str, timeout: float | None = None) -> Iterator[TaskEvent]:
+        """Every event of the task from the first, then new ones live, until the terminal one.
+
+        TimeoutError if the task has not ended within `timeout` seconds.
+        """
+        ck, local = self._keys(task_id)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        last = 0
+        try:
+            with self._errors():
+                pubsub.subscribe(self._channels.task(task_id))
+                if not self._redis.exists(ck.task(local)):
+                    raise UnknownTask(task_id)
+            while True:
+                # The list is the truth; the channel only says when to look again.
+                with self._errors():
+                    fresh = parse_events(self._redis.lrange(ck.task_events(local), last, -1), last)
+                for event in fresh:
+                    last = event.seq
+                    yield event
+                    if event.terminal:
+                        return
+                if not fresh and not self._redis.exists(ck.task(local)):
+                    return  # the record expired under us: nothing more will come
+                remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
+                with self._errors():
+                    pubsub.get_message(timeout=min(remaining, _BLOCK_CHUNK_S))
+                    while pubsub.get_message(timeout=0) is not None:
+                        pass  # drain a burst: one LRANGE covers it
+        finally:
+            pubsub.close()
+
+    # -- changing ---------------------------------------------------------------------------
+
+    def cancel(self, task_id: str) -> bool:
+        """Cancel a task wherever it is. True if this call canceled it, False if it had already
+        ended; UnknownTask if Redis does not know it."""
+        self._keys(task_id)
+        with self._errors():
+            reply = self._scripts(protocol.cancel_call(self.settings, task_id))
+        if reply[0] == "gone":
+            raise UnknownTask(task_id)
+        return bool(reply[0] == "canceled")
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _keys(self, task_id: str) -> tuple[CapabilityKeys, str]:
+        capability, local = split_task_id(task_id)
+        return CapabilityKeys(self.settings.prefix, capability), local
+
+    def queue_depth(self, capability: str) -> int:
+        check_capability(capability)
+        with self._errors():
+            return int(self._redis.zcard(CapabilityKeys(self.settings.prefix, capability).queue))
+
+    @contextmanager
+    def _errors(self) -> Iterator[None]:
+        try:
+            yield
+        except connection.TRANSIENT_ERRORS as exc:
+            raise connection.unavailable(exc, self.settings) from exc

@@ -1,0 +1,74 @@
+"""Strict JSON, the only wire format.
+
+Payloads and results must be JSON values as they are: NaN/Infinity, bytes, sets, non-string
+object keys and other Python objects are refused with a message naming where they sit, never
+converted. (Tuples are written as arrays, as every JSON library does.)
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from broker.errors import InvalidPayload
+
+_SCALARS = (str, int, float, bool, type(None))
+
+
+class NotStrictJson(ValueError):
+    """A value is not strict JSON; the message says where and why."""
+
+
+def check_json_value(value: Any, where: str = "payload") -> None:
+    """Raise NotStrictJson if `value` is not a strict-JSON value."""
+    stack: list[tuple[Any, str]] = [(value, where)]
+    while stack:
+        item, path = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                raise NotStrictJson(f"{path} is {item!r}, which JSON cannot represent")
+        elif isinstance(item, _SCALARS):
+            continue
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                if not isinstance(key, str):
+                    raise NotStrictJson(
+                        f"{path} has a non-string key {key!r} ({type(key).__name__}); "
+                        "JSON object keys must be strings"
+                    )
+                stack.append((child, f"{path}[{key!r}]"))
+        elif isinstance(item, list | tuple):
+            stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
+        else:
+            raise NotStrictJson(
+                f"{path} is a {type(item).__name__}, which is not a JSON value "
+                "(use objects, arrays, strings, numbers, booleans or null)"
+            )
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON text of a value already known to be strict JSON."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
+    """Validate and encode a payload; InvalidPayload says exactly what is wrong."""
+    try:
+        check_json_value(value, where)
+    except NotStrictJson as exc:
+        raise InvalidPayload(str(exc)) from None
+    text = dumps(value)
+    size = len(text.encode("utf-8"))
+    if size > max_bytes:
+        raise InvalidPayload(f"{where} is {size} bytes of JSON, over the limit of {max_bytes} bytes")
+    return text
+
+
+def loads(text: str | bytes) -> Any:
+    """Parse strict JSON (NaN and Infinity are refused)."""
+    return json.loads(text, parse_constant=_refuse_constant)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not strict JSON")

@@ -1,0 +1,52 @@
+"""Task ids: `<capability>:<ULID>`.
+
+The capability is part of the id so that `reach status ID` (and `client.get(id)`) find the task's
+keys without being told its capability, and so that every key of a task shares the capability's
+Redis Cluster hash tag. The ULID part (48-bit millisecond time + 80 random bits, Crockford
+base32) sorts by creation time, which breaks priority ties first-in first-out.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+
+from broker.errors import InvalidCapability, InvalidTaskId
+
+CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+_ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+_LOCAL_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+
+
+def check_capability(name: object) -> str:
+    if not isinstance(name, str) or not CAPABILITY_RE.match(name):
+        raise InvalidCapability(
+            f"invalid capability name {name!r}: use 1-64 characters of a-z, 0-9, '_', '.', '-', "
+            "starting with a letter or digit"
+        )
+    return name
+
+
+def new_local_id(now_ms: int | None = None) -> str:
+    ms = int(time.time() * 1000) if now_ms is None else now_ms
+    value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    chars = []
+    for _ in range(26):
+        chars.append(_ALPHABET[value & 31])
+        value >>= 5
+    return "".join(reversed(chars))
+
+
+def new_task_id(capability: str) -> str:
+    return f"{capability}:{new_local_id()}"
+
+
+def split_task_id(task_id: object) -> tuple[str, str]:
+    """(capability, local id) of a task id, or InvalidTaskId."""
+    if not isinstance(task_id, str) or task_id.count(":") != 1:
+        raise InvalidTaskId(f"invalid task id {task_id!r}: expected '<capability>:<26-char id>'")
+    capability, local = task_id.split(":")
+    if not CAPABILITY_RE.match(capability) or not _LOCAL_RE.match(local):
+        raise InvalidTaskId(f"invalid task id {task_id!r}: expected '<capability>:<26-char id>'")
+    return capability, local

@@ -1,0 +1,134 @@
+"""Every Redis key and pub/sub channel name, built in one place.
+
+All keys of one capability carry the hash tag `{<capability>}` so that every script touches
+keys of one Cluster slot. The registry's keys share the tag `{_registry}` (a capability name
+cannot start with '_', so the two never collide).
+
+| key | type | written by | dies |
+| --- | --- | --- | --- |
+| P:{cap}:intake | stream, group `dispatch` | raw producers (any language) | entries deleted when taken |
+| P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
+| P:{cap}:delayed | zset id -> ready-at ms | retries, delayed submit | members removed when due |
+| P:{cap}:task:{id} | hash, the task record | every script | result_ttl after a terminal state |
+| P:{cap}:task:{id}:events | list of JSON events | every script | with the task record |
+| P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
+| P:{cap}:inbox:{agent} | stream, group `agents` | dispatch; the agent reads | entries deleted when finished |
+| P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
+| P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
+| P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
+| P:{cap}:idem:{key} | string -> task id | submit | idempotency_ttl |
+| P:{cap}:events | stream, capped | every script | MAXLEN ~ event_feed_maxlen |
+| P:{cap}:dlq | stream of dead letters | dead-lettering | by `reach dlq purge` / retention |
+| P:{_registry}:agents | zset agent id -> last heartbeat ms (server clock) | register, heartbeat | prune |
+| P:{_registry}:agent:{agent} | hash, descriptor + token hash + stats | register, heartbeat | prune |
+| P:{_registry}:capabilities | set of capability names | clients, workers | never |
+| P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
+
+Channels (pub/sub carries wake-ups only; every fact is also in a key):
+`P:wake` (dispatchers: "<what> <capability>"), `P:ev:<task id>` (a task's new events),
+`P:ctl:<agent>` (control messages to one agent, e.g. cancel).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+REGISTRY_TAG = "_registry"
+DISPATCH_GROUP = "dispatch"
+AGENT_GROUP = "agents"
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityKeys:
+    prefix: str
+    capability: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{self.capability}}}"
+
+    @property
+    def intake(self) -> str:
+        return f"{self.base}:intake"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.base}:queue"
+
+    @property
+    def delayed(self) -> str:
+        return f"{self.base}:delayed"
+
+    @property
+    def inboxes(self) -> str:
+        return f"{self.base}:inboxes"
+
+    @property
+    def sessions(self) -> str:
+        return f"{self.base}:sessions"
+
+    @property
+    def tokens(self) -> str:
+        return f"{self.base}:tokens"
+
+    @property
+    def events(self) -> str:
+        return f"{self.base}:events"
+
+    @property
+    def dlq(self) -> str:
+        return f"{self.base}:dlq"
+
+    def inbox(self, agent_id: str) -> str:
+        return f"{self.base}:inbox:{agent_id}"
+
+    def task(self, local_id: str) -> str:
+        return f"{self.base}:task:{local_id}"
+
+    def task_events(self, local_id: str) -> str:
+        return f"{self.base}:task:{local_id}:events"
+
+    def task_done(self, local_id: str) -> str:
+        return f"{self.base}:task:{local_id}:done"
+
+    def idempotency(self, key: str) -> str:
+        return f"{self.base}:idem:{key}"
+
+
+@dataclass(frozen=True, slots=True)
+class RegistryKeys:
+    prefix: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{REGISTRY_TAG}}}"
+
+    @property
+    def agents(self) -> str:
+        return f"{self.base}:agents"
+
+    @property
+    def capabilities(self) -> str:
+        return f"{self.base}:capabilities"
+
+    @property
+    def events(self) -> str:
+        return f"{self.base}:events"
+
+    def agent(self, agent_id: str) -> str:
+        return f"{self.base}:agent:{agent_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Channels:
+    prefix: str
+
+    @property
+    def wake(self) -> str:
+        return f"{self.prefix}:wake"
+
+    def task(self, task_id: str) -> str:
+        return f"{self.prefix}:ev:{task_id}"
+
+    def control(self, agent_id: str) -> str:
+        return f"{self.prefix}:ctl:{agent_id}"

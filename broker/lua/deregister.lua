@@ -1,0 +1,20 @@
+-- deregister: an agent leaves the fleet for good (after draining).
+-- KEYS[1] agents zset   KEYS[2] the agent's hash   KEYS[3] registry event stream
+-- ARGV[1] agent id   ARGV[2] token   ARGV[3] channel prefix
+-- Returns 'ok' | 'refused' | 'unknown'.
+local agent = ARGV[1]
+local sha = redis.call('HGET', KEYS[2], 'token_sha')
+local now = now_ms()
+if not sha then return 'unknown' end
+if ARGV[2] == '' or sha ~= redis.sha1hex(ARGV[2]) then
+  redis.call('HINCRBY', KEYS[2], 'refused', 1)
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'token_refused',
+    'agent_id', agent, 'time', jint(now), 'detail', 'deregister')
+  return 'refused'
+end
+redis.call('DEL', KEYS[2])
+redis.call('ZREM', KEYS[1], agent)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'deregistered', 'agent_id', agent,
+  'time', jint(now), 'detail', '')
+redis.call('PUBLISH', ARGV[3] .. 'wake', 'agent ' .. agent)
+return 'ok'

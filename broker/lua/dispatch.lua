@@ -1,0 +1,51 @@
+-- dispatch: hand ready tasks to one agent's inbox, atomically, never past its backlog limit.
+-- KEYS[1] queue zset   KEYS[2] the agent's inbox stream   KEYS[3] inboxes set   KEYS[4] sessions hash
+-- KEYS[5] capability event feed   KEYS[6] dead-letter stream
+-- then for task i (0-based): KEYS[7+3i] task hash, KEYS[8+3i] task events, KEYS[9+3i] task done list
+-- ARGV[1] agent id   ARGV[2] most unread entries the inbox may hold   ARGV[3] feed maxlen
+-- ARGV[4] channel prefix   ARGV[5] result ttl ms   then ARGV[6+i] the local id of task i
+-- A task another dispatcher already took (no longer in the queue) is skipped; a task past its
+-- deadline fails with reason `expired` instead of being delivered. Tasks left when the inbox is
+-- full stay in the queue for another agent.
+-- Returns {inbox length, inbox pending, dispatched, taken, expired, left}.
+local c = {feed = KEYS[5], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
+local inbox, agent, max_unread = KEYS[2], ARGV[1], tonumber(ARGV[2])
+local n = (#KEYS - 6) / 3
+
+if redis.call('EXISTS', inbox) == 0 then
+  redis.call('XGROUP', 'CREATE', inbox, 'agents', '0', 'MKSTREAM')
+end
+redis.call('SADD', KEYS[3], agent)
+local len, pending = inbox_load(inbox)
+local now = now_ms()
+local dispatched, taken, expired, left = 0, 0, 0, 0
+for i = 0, n - 1 do
+  local task_key, events_key, done_key = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
+  local local_id = ARGV[6 + i]
+  if len - pending >= max_unread then
+    left = n - i
+    break
+  end
+  if redis.call('ZREM', KEYS[1], local_id) == 0 then
+    taken = taken + 1
+  else
+    local f = redis.call('HMGET', task_key, 'state', 'deadline_at', 'session_id')
+    local deadline = tonumber(f[2]) or 0
+    if f[1] ~= 'queued' then
+      taken = taken + 1
+    elseif deadline > 0 and now >= deadline then
+      fail_task(c, task_key, events_key, done_key, KEYS[6], 'expired', 'deadline passed while queued', nil, now)
+      expired = expired + 1
+    else
+      local fence = redis.call('HINCRBY', task_key, 'fence', 1)
+      redis.call('HSET', task_key, 'state', 'dispatched', 'agent_id', agent,
+        'dispatched_at', jint(now))
+      redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence)
+      if f[3] and f[3] ~= '' then redis.call('HSET', KEYS[4], f[3], agent) end
+      emit(c, task_key, events_key, 'dispatched', agent, now, '{"fence":' .. fence .. '}')
+      len = len + 1
+      dispatched = dispatched + 1
+    end
+  end
+end
+return {len, pending, dispatched, taken, expired, left}

@@ -1,0 +1,396 @@
+"""Typed calls of the Lua scripts: how arguments are laid out and how replies are read.
+
+Every script has one builder here (pure: it returns the KEYS and ARGV lists) and, where the reply
+needs it, one parser. The sync and async clients, the dispatcher and the worker all go through
+these, so the layout each `.lua` header documents is written down once in Python too.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker import codec
+from broker.errors import BadInput, InvalidPriority, QueueFull
+from broker.ids import check_capability, new_task_id, split_task_id
+from broker.keys import CapabilityKeys, Channels, RegistryKeys
+from broker.settings import Settings
+
+MAX_LABEL_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    name: str
+    keys: list[str]
+    args: list[str | int | float]
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One validated task, ready to be written."""
+
+    capability: str
+    task_id: str
+    payload: str
+    priority: int = 5
+    session_id: str = ""
+    region: str = ""
+    idempotency_key: str = ""
+    timeout_ms: int = 0
+    deadline_ms: int = 0
+    trace_id: str = ""
+    metadata: str = ""
+    max_attempts: int = 3
+    routing: str = ""
+    intake_entry: str = ""
+
+    @property
+    def local_id(self) -> str:
+        return split_task_id(self.task_id)[1]
+
+
+def _opt_text(name: str, value: object) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_LEN:
+        raise BadInput(f"{name} must be a non-empty string of at most {MAX_LABEL_LEN} characters")
+    return value
+
+
+def _opt_seconds(name: str, value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise BadInput(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > 10 * 365 * 86400:
+        raise BadInput(f"{name} is more than ten years")
+    return max(1, round(value * 1000))
+
+
+def build_submit_request(
+    settings: Settings,
+    capability: str,
+    payload: Any,
+    *,
+    priority: int = 5,
+    session_id: str | None = None,
+    region: str | None = None,
+    idempotency_key: str | None = None,
+    timeout_s: float | None = None,
+    deadline_s: float | None = None,
+    trace_id: str | None = None,
+    metadata: dict[str, Any] | None = None,
+    max_attempts: int | None = None,
+    intake_entry: str = "",
+) -> SubmitRequest:
+    """Validate everything a producer passes; raise a specific BadInput before touching Redis."""
+    check_capability(capability)
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidPriority(f"priority must be an int from 0 to 9 (higher runs first), got {priority!r}")
+    encoded = codec.encode_payload(payload, settings.max_payload_bytes)
+    meta = ""
+    if metadata is not None:
+        if not isinstance(metadata, dict):
+            raise BadInput("metadata must be a JSON object (a dict with string keys)")
+        meta = codec.encode_payload(metadata, settings.max_payload_bytes, where="metadata")
+    if max_attempts is not None and (
+        isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or not 1 <= max_attempts <= 100
+    ):
+        raise BadInput(f"max_attempts must be an int from 1 to 100, got {max_attempts!r}")
+    timeout_ms = _opt_seconds("timeout_s", timeout_s) or settings.timeout_ms_for(capability)
+    return SubmitRequest(
+        capability=capability,
+        task_id=new_task_id(capability),
+        payload=encoded,
+        priority=priority,
+        session_id=_opt_text("session_id", session_id),
+        region=_opt_text("region", region),
+        idempotency_key=_opt_text("idempotency_key", idempotency_key),
+        timeout_ms=timeout_ms,
+        deadline_ms=_opt_seconds("deadline_s", deadline_s),
+        trace_id=_opt_text("trace_id", trace_id) or secrets.token_hex(8),
+        metadata=meta,
+        max_attempts=max_attempts or settings.max_attempts_for(capability),
+        intake_entry=intake_entry,
+    )
+
+
+def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> ScriptCall:
+    capability = requests[0].capability
+    if any(r.capability != capability for r in requests):
+        raise BadInput("one submit call serves one capability")
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.queue, ck.events, ck.intake]
+    args: list[str | int | float] = [
+        settings.max_queue_depth,
+        settings.aging_ms,
+        settings.idempotency_ttl_ms,
+        settings.event_feed_maxlen,
+        settings.prefix + ":",
+        capability,
+    ]
+    for r in requests:
+        local = r.local_id
+        keys += [ck.task(local), ck.task_events(local), ck.idempotency(r.idempotency_key)]
+        args += [
+            r.task_id, local, r.payload, r.priority, r.session_id, r.region, r.idempotency_key,
+            r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts, r.routing,
+            r.intake_entry,
+        ]
+    return ScriptCall("submit", keys, args)
+
+
+def parse_submit(capability: str, limit: int, reply: list[Any]) -> list[tuple[str, bool]]:
+    """[(task id, created)] in request order; QueueFull when the batch did not fit."""
+    if reply and reply[0] == "FULL":
+        raise QueueFull(capability, int(reply[1]), limit)
+    return [(reply[i + 1], reply[i] == "new") for i in range(0, len(reply), 2)]
+
+
+def cancel_call(settings: Settings, task_id: str) -> ScriptCall:
+    capability, local = split_task_id(task_id)
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "cancel",
+        [ck.queue, ck.delayed, ck.task(local), ck.task_events(local), ck.events, ck.task_done(local)],
+        [local, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult:
+    inbox_len: int
+    inbox_pending: int
+    dispatched: int
+    taken: int
+    expired: int
+    left: int
+
+
+def dispatch_call(
+    settings: Settings, capability: str, agent_id: str, max_unread: int, local_ids: Sequence[str]
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq]
+    for local in local_ids:
+        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
+    args: list[str | int | float] = [
+        agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":",
+        settings.result_ttl_ms, *local_ids,
+    ]
+    return ScriptCall("dispatch", keys, args)
+
+
+def parse_dispatch(reply: list[Any]) -> DispatchResult:
+    return DispatchResult(*(int(x) for x in reply))
+
+
+def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.delayed, ck.queue, ck.events]
+    for local in local_ids:
+        keys += [ck.task(local), ck.task_events(local)]
+    args: list[str | int | float] = [
+        settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":", capability, *local_ids,
+    ]
+    return ScriptCall("promote", keys, args)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """An inbox entry an agent read: which task, which attempt's fencing token."""
+
+    entry_id: str
+    local_id: str
+    fence: str
+
+
+@dataclass(slots=True)
+class AcceptedTask:
+    entry_id: str
+    local_id: str
+    fence: str
+    task_id: str
+    payload: str
+    attempt: int
+    timeout_ms: int
+    deadline_at_ms: int
+    trace_id: str
+    session_id: str
+    metadata: str
+    max_attempts: int
+
+
+@dataclass(slots=True)
+class AcceptReply:
+    refused: bool = False
+    accepted: list[AcceptedTask] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def accept_call(
+    settings: Settings, capability: str, agent_id: str, token: str, deliveries: Sequence[Delivery]
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens]
+    args: list[str | int | float] = [
+        agent_id, token, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
+    ]
+    for d in deliveries:
+        keys += [ck.task(d.local_id), ck.task_events(d.local_id), ck.task_done(d.local_id)]
+        args += [d.entry_id, d.fence]
+    return ScriptCall("accept", keys, args)
+
+
+def parse_accept(deliveries: Sequence[Delivery], reply: list[Any]) -> AcceptReply:
+    if reply and reply[0] == "REFUSED":
+        return AcceptReply(refused=True)
+    out = AcceptReply()
+    for i, d in enumerate(deliveries):
+        row = reply[i * 10 : i * 10 + 10]
+        status = row[0]
+        if status != "ok":
+            out.skipped[status] = out.skipped.get(status, 0) + 1
+            continue
+        out.accepted.append(
+            AcceptedTask(
+                entry_id=d.entry_id,
+                local_id=d.local_id,
+                fence=d.fence,
+                payload=row[1],
+                attempt=int(row[2] or 1),
+                timeout_ms=int(row[3] or 0),
+                deadline_at_ms=int(row[4] or 0),
+                trace_id=row[5],
+                session_id=row[6],
+                metadata=row[7],
+                max_attempts=int(row[8] or 1),
+                task_id=row[9],
+            )
+        )
+    return out
+
+
+def progress_call(
+    settings: Settings, capability: str, local_id: str, agent_id: str, token: str, fence: str,
+    data: dict[str, Any],
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "progress",
+        [ck.task(local_id), ck.task_events(local_id), ck.events, ck.tokens],
+        [agent_id, token, fence, codec.dumps(data), settings.event_feed_maxlen, settings.prefix + ":"],
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    entry_id: str
+    local_id: str
+    fence: str
+    outcome: str
+    body: str
+    backoff_ms: int
+    exec_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompleteReply:
+    refused: bool
+    inbox_len: int = 0
+    inbox_pending: int = 0
+    statuses: tuple[str, ...] = ()
+
+
+def complete_call(
+    settings: Settings, capability: str, agent_id: str, token: str, done: Sequence[Completion]
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens]
+    args: list[str | int | float] = [
+        agent_id, token, settings.event_feed_maxlen, settings.prefix + ":",
+        settings.result_ttl_ms, capability,
+    ]
+    for d in done:
+        keys += [ck.task(d.local_id), ck.task_events(d.local_id), ck.task_done(d.local_id)]
+        args += [d.entry_id, d.fence, d.outcome, d.body, d.backoff_ms, d.exec_ms]
+    return ScriptCall("complete", keys, args)
+
+
+def parse_complete(reply: list[Any]) -> CompleteReply:
+    if reply and reply[0] == "REFUSED":
+        return CompleteReply(refused=True)
+    return CompleteReply(False, int(reply[0]), int(reply[1]), tuple(reply[2:]))
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    entry_id: str
+    local_id: str
+    fence: str
+
+
+def renew_call(
+    settings: Settings, capability: str, agent_id: str, token: str, leases: Sequence[Lease]
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.tokens] + [ck.task(lease.local_id) for lease in leases]
+    args: list[str | int | float] = [agent_id, token]
+    for lease in leases:
+        args += [lease.entry_id, lease.fence]
+    return ScriptCall("renew", keys, args)
+
+
+def register_call(
+    settings: Settings, agent_id: str, token_sha: str, descriptor_json: str, warmup_ms: int,
+    capabilities: Sequence[str],
+) -> ScriptCall:
+    rk = RegistryKeys(settings.prefix)
+    return ScriptCall(
+        "register",
+        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities],
+        [agent_id, token_sha, descriptor_json, warmup_ms, settings.prefix + ":", *capabilities],
+    )
+
+
+def bind_call(settings: Settings, capability: str, agent_id: str, token_sha: str) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "bind", [ck.tokens, ck.inboxes, ck.inbox(agent_id)], [agent_id, token_sha]
+    )
+
+
+def heartbeat_call(
+    settings: Settings, agent_id: str, token: str, stats: dict[str, Any], mode: str = ""
+) -> ScriptCall:
+    rk = RegistryKeys(settings.prefix)
+    return ScriptCall(
+        "heartbeat",
+        [rk.agents, rk.agent(agent_id), rk.events],
+        [agent_id, token, codec.dumps(stats), mode, settings.prefix + ":"],
+    )
+
+
+def deregister_call(settings: Settings, agent_id: str, token: str) -> ScriptCall:
+    rk = RegistryKeys(settings.prefix)
+    return ScriptCall(
+        "deregister", [rk.agents, rk.agent(agent_id), rk.events], [agent_id, token, settings.prefix + ":"]
+    )
+
+
+def dead_letter_raw_call(
+    settings: Settings, capability: str, stream: str, group: str, entry_id: str, reason: str,
+    error: str, raw: dict[str, Any],
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "dead_letter_raw", [stream, ck.dlq],
+        [group, entry_id, reason, error, codec.dumps(raw), capability],
+    )
+
+
+def channels(settings: Settings) -> Channels:
+    return Channels(settings.prefix)

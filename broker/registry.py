@@ -1,0 +1,103 @@
+"""The agent registry as readers see it: records, and the state each one is in right now.
+
+States are judged from the Redis server clock (the `last_seen` the heartbeat script wrote with
+TIME, against the server's TIME when read), so a skewed agent or dispatcher clock changes
+nothing. Precedence, first match wins:
+
+    offline   no heartbeat for offline_after_ms
+    suspect   no heartbeat for suspect_after_ms
+    draining  the agent said it is shutting down
+    warming   inside its declared warmup
+    not_ready alive, but its executor made no progress for stall_after_ms while holding tasks
+    healthy
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from broker import codec
+from broker.models import AgentDescriptor
+from broker.settings import Settings
+
+
+class AgentState(StrEnum):
+    WARMING = "warming"
+    HEALTHY = "healthy"
+    SUSPECT = "suspect"
+    OFFLINE = "offline"
+    DRAINING = "draining"
+    NOT_READY = "not_ready"
+
+
+@dataclass
+class AgentRecord:
+    agent_id: str
+    descriptor: AgentDescriptor
+    last_seen_ms: int
+    registered_at_ms: int
+    warm_until_ms: int
+    mode: str = "active"
+    stats: dict[str, Any] = field(default_factory=dict)
+    refused: int = 0
+
+    @classmethod
+    def from_hash(cls, data: dict[str, str]) -> AgentRecord | None:
+        """Parse a registry hash; None when it is not a usable record."""
+        try:
+            descriptor = AgentDescriptor.model_validate_json(data["descriptor"])
+            stats = codec.loads(data.get("stats") or "{}")
+            return cls(
+                agent_id=data["agent_id"],
+                descriptor=descriptor,
+                last_seen_ms=int(data.get("last_seen") or 0),
+                registered_at_ms=int(data.get("registered_at") or 0),
+                warm_until_ms=int(data.get("warm_until") or 0),
+                mode=data.get("mode") or "active",
+                stats=stats if isinstance(stats, dict) else {},
+                refused=int(data.get("refused") or 0),
+            )
+        except (KeyError, ValueError):
+            return None
+
+    @property
+    def capabilities(self) -> list[str]:
+        return self.descriptor.capabilities
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.descriptor.max_concurrency
+
+    def heartbeat_age_ms(self, now_ms: int) -> int:
+        return max(0, now_ms - self.last_seen_ms)
+
+
+def agent_state(record: AgentRecord, now_ms: int, settings: Settings) -> AgentState:
+    age = record.heartbeat_age_ms(now_ms)
+    if age >= settings.offline_after_ms:
+        return AgentState.OFFLINE
+    if age >= settings.suspect_after_ms:
+        return AgentState.SUSPECT
+    if record.mode == "draining" or record.stats.get("draining"):
+        return AgentState.DRAINING
+    if now_ms < record.warm_until_ms:
+        return AgentState.WARMING
+    if is_stalled(record.stats, settings):
+        return AgentState.NOT_READY
+    return AgentState.HEALTHY
+
+
+def is_stalled(stats: dict[str, Any], settings: Settings) -> bool:
+    """The executor loop made no progress for stall_after_ms while the agent holds tasks."""
+    progress_age = stats.get("loop_progress_age_ms")
+    inflight = stats.get("inflight") or 0
+    return (isinstance(progress_age, int | float) and progress_age >= settings.stall_after_ms
+            and inflight > 0)
+
+
+def server_ms(time_reply: tuple[int, int] | list[int]) -> int:
+    """Milliseconds from a TIME reply."""
+    seconds, micros = time_reply
+    return int(seconds) * 1000 + int(micros) // 1000

@@ -1,0 +1,63 @@
+"""The Lua scripts of `broker/lua/`, loaded once per client and called by name.
+
+Each script is one atomic state change and lives in its own file, opening with a comment that
+lists its KEYS and ARGV. `_lib.lua` holds helpers that every script shares; it is prepended to
+each script's text here. `broker/protocol.py` builds each call's keys and arguments.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.client import Redis
+from redis.cluster import RedisCluster
+
+from broker.protocol import ScriptCall
+
+SCRIPT_NAMES = (
+    "submit",
+    "dispatch",
+    "accept",
+    "progress",
+    "complete",
+    "cancel",
+    "promote",
+    "register",
+    "bind",
+    "heartbeat",
+    "deregister",
+    "dead_letter_raw",
+    "renew",
+)
+
+
+@cache
+def source(name: str) -> str:
+    folder = resources.files("broker") / "lua"
+    lib = (folder / "_lib.lua").read_text(encoding="utf-8")
+    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    return f"{lib}\n-- ===== {name}.lua =====\n{body}"
+
+
+class Scripts:
+    """Runs ScriptCalls on a synchronous client (EVALSHA, loading the script when Redis lacks it)."""
+
+    def __init__(self, client: Redis | RedisCluster) -> None:
+        self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+
+    def __call__(self, call: ScriptCall, client: Any = None) -> Any:
+        return self._scripts[call.name](keys=call.keys, args=call.args, client=client)
+
+
+class AsyncScripts:
+    """Runs ScriptCalls on an asyncio client."""
+
+    def __init__(self, client: AsyncRedis | AsyncRedisCluster) -> None:
+        self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+
+    async def __call__(self, call: ScriptCall, client: Any = None) -> Any:
+        return await self._scripts[call.name](keys=call.keys, args=call.args, client=client)

@@ -1,0 +1,195 @@
+"""Typed settings, loaded once per process.
+
+Precedence, highest first: explicit overrides (CLI flags) > environment (`REACH_<NAME>`,
+`REDIS_URL`) > config file (`--config FILE`, else `$REACH_CONFIG`, else `./reach.toml`) > the
+defaults below. Durations are milliseconds. Nothing needs a config file.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from broker.errors import ConfigError
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+# The file contents for the Settings being built right now (see Settings.load).
+_file_values: ContextVar[Mapping[str, Any]] = ContextVar("_file_values")
+
+
+class CapabilityConfig(BaseModel):
+    """Per-capability options, from a `[capabilities.<name>]` table of the config file."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    handler: str | None = None
+    """`pkg.module:function` that serves this capability in `reach-worker`."""
+    http: str | None = None
+    """URL of an HTTP agent that serves this capability (instead of a Python handler)."""
+    timeout_ms: int | None = Field(default=None, gt=0)
+    max_attempts: int | None = Field(default=None, ge=1, le=100)
+    retry_failures: bool = False
+    """Treat an unclassified handler exception as retryable instead of a terminal `failure`."""
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="REACH_", extra="ignore", populate_by_name=True, validate_default=True
+    )
+
+    redis_url: str = Field(
+        default=DEFAULT_REDIS_URL,
+        validation_alias=AliasChoices("REDIS_URL", "REACH_REDIS_URL", "redis_url"),
+        description="Redis URL. `reach up`/`demo` start an embedded Redis when none is given.",
+    )
+    cluster: bool = False
+    prefix: str = "reach"
+
+    heartbeat_ms: int = Field(5000, gt=0)
+    suspect_after_ms: int = Field(15000, gt=0)
+    offline_after_ms: int = Field(30000, gt=0)
+    stall_after_ms: int = Field(20000, gt=0)
+    """An agent holding tasks whose executor loop made no progress for this long is not_ready."""
+    lease_ms: int = Field(30000, gt=0)
+    aging_ms: int = Field(30000, gt=0)
+    max_attempts: int = Field(3, ge=1, le=100)
+    backoff_base_ms: int = Field(500, ge=0)
+    backoff_max_ms: int = Field(8000, ge=0)
+    backoff_jitter_ms: int = Field(500, ge=0)
+    watermark: float = Field(0.85, gt=0, le=1)
+    backlog_factor: int = Field(5, ge=1)
+    max_queue_depth: int = Field(100000, ge=1)
+    max_payload_bytes: int = Field(1048576, ge=1)
+    result_ttl_ms: int = Field(86400000, gt=0)
+    idempotency_ttl_ms: int = Field(86400000, gt=0)
+    default_timeout_ms: int = Field(300000, gt=0)
+    circuit_failures: int = Field(10, ge=1)
+    circuit_open_ms: int = Field(10000, gt=0)
+    cold_start_ms: int = Field(120000, ge=0)
+    drain_grace_ms: int = Field(30000, ge=0)
+    no_agent_timeout_ms: int = Field(0, ge=0)
+    """Fail a task still queued after this long with reason no_agent_timeout (0: never)."""
+    event_feed_maxlen: int = Field(10000, ge=0)
+    """Approximate length of each capability's event feed stream (0: no feed)."""
+    idle_tick_ms: int = Field(1000, gt=0)
+    """Longest a dispatcher sleeps without a wake-up signal before it looks again."""
+    dispatch_batch: int = Field(256, ge=1)
+
+    capabilities: dict[str, CapabilityConfig] = Field(default_factory=dict)
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if not _PREFIX_RE.match(value):
+            raise ValueError("prefix must be 1-64 characters of letters, digits and _.:- (no braces)")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        return (init_settings, env_settings, _FileSource(settings_cls))
+
+    @classmethod
+    def load(cls, config_file: str | Path | None = None, **overrides: Any) -> Settings:
+        """Build settings from overrides, the environment and the config file.
+
+        Overrides whose value is None are ignored, so CLI options can be passed straight through.
+        """
+        path = _config_path(config_file)
+        values = _read_toml(path) if path else {}
+        token = _file_values.set(values)
+        try:
+            return cls(**{k: v for k, v in overrides.items() if v is not None})
+        except ValidationError as exc:
+            raise ConfigError(_describe(exc, path)) from None
+        finally:
+            _file_values.reset(token)
+
+    def capability(self, name: str) -> CapabilityConfig:
+        return self.capabilities.get(name) or CapabilityConfig()
+
+    def timeout_ms_for(self, name: str) -> int:
+        return self.capability(name).timeout_ms or self.default_timeout_ms
+
+    def max_attempts_for(self, name: str) -> int:
+        return self.capability(name).max_attempts or self.max_attempts
+
+    @property
+    def redis_url_given(self) -> bool:
+        """Whether a Redis URL came from a flag, the environment or the config file."""
+        return "redis_url" in self.model_fields_set
+
+    def redacted_url(self) -> str:
+        return redact_url(self.redis_url)
+
+
+class _FileSource(PydanticBaseSettingsSource):
+    """Values from the config file chosen in Settings.load, below the environment."""
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        values = _file_values.get({})
+        return values.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        known = set(self.settings_cls.model_fields)
+        values = _file_values.get({})
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(f"unknown setting(s) in config file: {', '.join(unknown)}")
+        return dict(values)
+
+
+def _config_path(config_file: str | Path | None) -> Path | None:
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise ConfigError(f"config file not found: {path}")
+        return path
+    env = os.environ.get("REACH_CONFIG")
+    if env:
+        path = Path(env)
+        if not path.is_file():
+            raise ConfigError(f"REACH_CONFIG points to a missing file: {path}")
+        return path
+    local = Path("reach.toml")
+    return local if local.is_file() else None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None
+    # Settings may sit at the top level or under a [reach] table.
+    flat = dict(data.pop("reach", {}))
+    flat.update(data)
+    return flat
+
+
+def _describe(exc: ValidationError, path: Path | None) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "settings"
+    origin = f" (config file {path})" if path else ""
+    return f"invalid setting {where}: {first['msg']}{origin}"
+
+
+def redact_url(url: str) -> str:
+    """The URL with any password replaced, safe to log."""
+    return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)

@@ -1,0 +1,148 @@
+"""The dispatcher process: serves every capability it finds (or the ones it is given).
+
+Several dispatchers may run at once with no leader: every hand-off is one atomic script, so a
+task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wake` channel:
+
+    task <cap>                          new or due tasks were queued
+    free <cap> <agent> <len> <pending>  an agent finished tasks (its exact inbox load after)
+    agent <agent>                       the registry changed
+
+Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is
+lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+import signal
+import socket
+from typing import Any
+
+from broker import connection
+from broker.ids import CAPABILITY_RE
+from broker.keys import Channels, RegistryKeys
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
+from dispatcher.capability import CapabilityLoop
+from dispatcher.registry_view import RegistryView
+
+log = logging.getLogger("reach.dispatcher")
+
+
+class Dispatcher:
+    def __init__(self, settings: Settings, capabilities: list[str] | None = None,
+                 dispatcher_id: str | None = None) -> None:
+        self.settings = settings
+        self.only = set(capabilities) if capabilities else None
+        self.dispatcher_id = dispatcher_id or (
+            f"dispatcher-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
+        )
+        self.loops: dict[str, CapabilityLoop] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._registry_dirty = asyncio.Event()
+
+    async def run(self, *, install_signals: bool = True) -> int:
+        self._stop = asyncio.Event()
+        if install_signals:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, self._stop.set)
+        self.redis: Any = connection.async_client(self.settings)
+        self.scripts = AsyncScripts(self.redis)
+        self.view = RegistryView(self.settings, self.redis)
+        log.info("dispatcher %s starting on %s (prefix %r)", self.dispatcher_id,
+                 self.settings.redacted_url(), self.settings.prefix)
+        await connection.with_reconnect(self._refresh)
+        helpers = [
+            asyncio.create_task(self._wake_listener(), name="wake-listener"),
+            asyncio.create_task(self._refresher(), name="registry-refresher"),
+        ]
+        await self._stop.wait()
+        for task in [*helpers, *self._tasks.values()]:
+            task.cancel()
+        await asyncio.gather(*helpers, *self._tasks.values(), return_exceptions=True)
+        await self.redis.aclose()
+        log.info("dispatcher %s stopped", self.dispatcher_id)
+        return 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # -- capabilities and the registry ------------------------------------------------------
+
+    async def _refresh(self) -> None:
+        await self.view.refresh()
+        names = await self.redis.smembers(RegistryKeys(self.settings.prefix).capabilities)
+        for name in set(names) | self.view.capabilities():
+            self._ensure_loop(name)
+        for loop in self.loops.values():
+            await loop.refresh_loads([r.agent_id for r in self.view.ready_for(loop.capability)])
+            loop.kick()
+
+    def _ensure_loop(self, capability: str) -> CapabilityLoop | None:
+        if self.only is not None and capability not in self.only:
+            return None
+        if not CAPABILITY_RE.match(capability):
+            return None
+        loop = self.loops.get(capability)
+        if loop is None:
+            loop = self.loops[capability] = CapabilityLoop(self, capability)
+            self._tasks[capability] = asyncio.create_task(loop.run(), name=f"cap-{capability}")
+            log.info("serving capability %s", capability)
+        return loop
+
+    async def _refresher(self) -> None:
+        tick = self.settings.idle_tick_ms / 1000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._registry_dirty.wait(), tick)
+            self._registry_dirty.clear()
+            try:
+                await self._refresh()
+            except connection.TRANSIENT_ERRORS as exc:
+                log.warning("registry refresh failed (%s)", exc)
+                await asyncio.sleep(min(tick, 1.0))
+
+    # -- wake-ups ---------------------------------------------------------------------------
+
+    async def _wake_listener(self) -> None:
+        channel = Channels(self.settings.prefix).wake
+        backoff = 0.1
+        while True:
+            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                backoff = 0.1
+                for loop in self.loops.values():
+                    loop.kick()  # anything may have happened while we were not listening
+                while True:
+                    message = await pubsub.get_message(timeout=5.0)
+                    if message and message.get("type") == "message":
+                        self.on_wake(str(message["data"]))
+            except connection.TRANSIENT_ERRORS as exc:
+                log.warning("wake channel lost (%s); resubscribing in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            finally:
+                with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                    await pubsub.aclose()
+
+    def on_wake(self, text: str) -> None:
+        parts = text.split(" ")
+        kind = parts[0]
+        if kind == "task" and len(parts) == 2:
+            loop = self._ensure_loop(parts[1])
+            if loop is not None:
+                loop.kick()
+        elif kind == "free" and len(parts) == 5:
+            loop = self.loops.get(parts[1])
+            if loop is not None:
+                with contextlib.suppress(ValueError):
+                    loop.note_load(parts[2], int(parts[3]), int(parts[4]))
+                loop.kick()
+        elif kind == "agent":
+            self._registry_dirty.set()
