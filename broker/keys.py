@@ -8,10 +8,10 @@ cannot start with '_', so the two never collide).
 | --- | --- | --- | --- |
 | P:{cap}:intake | stream, group `dispatch` | raw producers (any language) | entries deleted when taken |
 | P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
-| P:{cap}:delayed | zset id -> ready-at ms | retries, delayed submit | members removed when due |
+| P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
 | P:{cap}:task:{id} | hash, the task record | every script | result_ttl after a terminal state |
 | P:{cap}:task:{id}:events | list of JSON events | every script | with the task record |
-| P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
+| P:{cap}:task:{id}:done | list: the terminal state, for BLMOVE waiters | terminal scripts | with the record |
 | P:{cap}:inbox:{agent} | stream, group `agents` | dispatch; the agent reads | entries deleted when finished |
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
