@@ -26,6 +26,11 @@ def classify(exc: BaseException, *, retry_failures: bool = False) -> Outcome:
 
 def describe(exc: BaseException) -> str:
     """A one-line error text for the task record (type and message, never a traceback)."""
+    if isinstance(exc, ValidationError):
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "payload"
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        return f"{where}: {first['msg']}{more}"
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     name = type(exc).__name__
     return f"{name}: {text}"[:1000] if text else name

@@ -22,7 +22,8 @@ from tenacity import (
     Retrying,
     retry_if_exception_type,
     stop_after_delay,
-    wait_exponential_jitter,
+    wait_exponential,
+    wait_random,
 )
 
 from broker.errors import BrokerUnavailable, ConfigError
@@ -103,7 +104,7 @@ def retrying(settings: Settings, give_up_after_s: float = 5.0) -> Retrying:
     """Retry a short operation on transient Redis errors with jittered exponential backoff."""
     return Retrying(
         retry=retry_if_exception_type(TRANSIENT_ERRORS),
-        wait=wait_exponential_jitter(initial=0.05, max=1.0),
+        wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
         stop=stop_after_delay(give_up_after_s),
         reraise=True,
     )
@@ -115,7 +116,7 @@ def async_retrying(give_up_after_s: float | None = None) -> AsyncRetrying:
     kwargs: dict[str, Any] = {"stop": stop} if stop else {}
     return AsyncRetrying(
         retry=retry_if_exception_type(TRANSIENT_ERRORS),
-        wait=wait_exponential_jitter(initial=0.1, max=5.0),
+        wait=wait_exponential(multiplier=0.1, max=5.0) + wait_random(0, 0.1),
         reraise=True,
         before_sleep=_log_retry,
         **kwargs,

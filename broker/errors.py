@@ -76,6 +76,7 @@ class TaskFailed(ReachError):
 class TaskCanceled(TaskFailed):
     def __init__(self, task_id: str, error: str | None = None) -> None:
         super().__init__(task_id, "canceled", error)
+        self.args = (f"task {task_id} was canceled",)
 
 
 class BrokerUnavailable(ReachError, ConnectionError):

@@ -1,0 +1,1 @@
+"""The `reach` command line."""

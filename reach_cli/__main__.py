@@ -1,0 +1,3 @@
+from reach_cli.main import main
+
+main()

@@ -1,0 +1,99 @@
+"""`reach`: run the stack, submit and inspect tasks, watch agents and queues, work the DLQ."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from typing import Annotated
+
+import typer
+
+from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, setup_logging
+from reach_cli import tasks
+from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Agent-Reach: every agent reachable by capability name.")
+
+app.command()(tasks.submit)
+app.command()(tasks.status)
+app.command()(tasks.result)
+app.command()(tasks.cancel)
+
+
+@app.command()
+@cli_errors
+def up(
+    workers: Annotated[int, typer.Option(min=0, help="How many summarize workers")] = 2,
+    concurrency: Annotated[int, typer.Option(min=1, help="Concurrency of each worker")] = 4,
+    prefix: Annotated[str | None, typer.Option(help="Key prefix")] = None,
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run the whole stack (embedded Redis unless REDIS_URL is set) until Ctrl-C."""
+    from reach_cli.stack import Stack
+
+    settings = load_settings(config, redis_url, prefix=prefix)
+    stack = Stack(settings, workers=workers, concurrency=concurrency, config=config)
+    stopping = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGTERM, request_stop)
+    try:
+        stack.start()
+        stack.wait_ready()
+        console.print(f"[green]Agent-Reach is up[/green] on {stack.url} (prefix {settings.prefix!r}) "
+                      f"with {workers} summarize worker(s). Try, in another shell:\n"
+                      f"  REDIS_URL={stack.url} reach submit summarize "
+                      "'{\"text\": \"One sentence. Another one.\"}' --wait\n"
+                      "Ctrl-C stops everything.")
+        while not stopping:
+            if stack.dead():
+                fail(f"{', '.join(stack.dead())} exited unexpectedly; stopping", EXIT_RUNTIME)
+            time.sleep(0.2)
+        console.print("stopping…")
+    finally:
+        stack.stop()
+
+
+@app.command()
+@cli_errors
+def demo(
+    prefix: Annotated[str, typer.Option(help="Key prefix for the demo's keys")] = "reach-demo",
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Start the stack, push sample documents through it, show results, stop, exit 0."""
+    from reach_cli.demo import run_demo
+
+    raise typer.Exit(run_demo(load_settings(config, redis_url, prefix=prefix), config))
+
+
+@app.command()
+@cli_errors
+def dispatcher(
+    capability: Annotated[list[str] | None, typer.Option(
+        "--capability", "-c", help="Serve only these capabilities (default: all)")] = None,
+    log_level: Annotated[str, typer.Option()] = "INFO",
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Run a dispatcher (several may run at once)."""
+    from dispatcher import Dispatcher
+
+    setup_logging(log_level)
+    settings = load_settings(config, redis_url)
+    raise typer.Exit(asyncio.run(Dispatcher(settings, capability).run()))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

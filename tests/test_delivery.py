@@ -1,0 +1,175 @@
+"""The delivery path end to end: client -> Redis -> dispatcher -> worker process -> result."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+
+from broker import AsyncReachClient, ReachClient, TaskFailed
+from broker.keys import CapabilityKeys
+from tests.conftest import Fleet, wait_until
+from tests.handlers import runs
+
+
+def test_thousand_tasks_two_workers_each_runs_exactly_once(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    fleet.dispatcher()
+    fleet.worker("work", handler="tests.handlers:record", concurrency=8)
+    fleet.worker("work", handler="tests.handlers:record", concurrency=8)
+    handles = client.submit_many("work", [{"n": i} for i in range(1000)])
+    results = [h.result(timeout=60) for h in handles]
+    assert results == [{"n": i} for i in range(1000)]
+    counts = runs(r, prefix)
+    assert len(counts) == 1000 and set(counts.values()) == {1}
+    agents = {h.status().agent_id for h in handles}
+    assert len(agents) == 2, "both workers should have taken part"
+    ck = CapabilityKeys(prefix, "work")
+    assert r.zcard(ck.queue) == 0
+    for agent in agents:
+        assert r.xlen(ck.inbox(agent)) == 0, "finished entries are acknowledged and deleted"
+
+
+def test_priority_order_with_one_worker_of_concurrency_one(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    priorities = [3, 9, 0, 5, 7, 1, 8, 2, 6, 4, 9, 0]
+    handles = [client.submit("prio", {"n": i}, priority=p) for i, p in enumerate(priorities)]
+    fleet.worker("prio", handler="tests.handlers:record", concurrency=1)
+    fleet.dispatcher()
+    for h in handles:
+        h.result(timeout=30)
+    order = sorted(handles, key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
+    started_priorities = [h.status().priority for h in order]
+    assert started_priorities == sorted(priorities, reverse=True)
+    # Equal priorities run first-in first-out.
+    nines = [h.task_id for h in order if h.status().priority == 9]
+    assert nines == [handles[1].task_id, handles[10].task_id]
+
+
+def test_aging_lets_an_old_low_priority_task_overtake_newer_high_priority_ones(
+    make_settings: object, fleet: Fleet
+) -> None:
+    settings = make_settings(aging_ms=40)  # type: ignore[operator]
+    with ReachClient(settings) as client:
+        old = client.submit("aging", {"n": "old"}, priority=0)
+        # Waiting 9 levels' worth of aging (9 x 40 ms) and then some: the old task now ranks
+        # above a fresh priority-9 task.
+        wait_until(lambda: client.status(old.task_id).created_at is not None)
+        import time
+
+        time.sleep(0.5)
+        newer = [client.submit("aging", {"n": f"new{i}"}, priority=9) for i in range(5)]
+        fleet.worker("aging", handler="tests.handlers:record", concurrency=1, settings=settings)
+        fleet.dispatcher(settings=settings)
+        for h in [old, *newer]:
+            h.result(timeout=30)
+        first = min([old, *newer], key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
+        assert first.task_id == old.task_id
+
+
+def test_without_aging_high_priority_runs_first(client: ReachClient, fleet: Fleet) -> None:
+    old = client.submit("noaging", {"n": "old"}, priority=0)
+    newer = [client.submit("noaging", {"n": f"new{i}"}, priority=9) for i in range(3)]
+    fleet.worker("noaging", handler="tests.handlers:record", concurrency=1)
+    fleet.dispatcher()
+    for h in [old, *newer]:
+        h.result(timeout=30)
+    last = max([old, *newer], key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
+    assert last.task_id == old.task_id
+
+
+@pytest.mark.parametrize("handler", ["progress_steps", "progress_steps_sync"])
+def test_events_arrive_in_order_with_progress_before_the_result(
+    client: ReachClient, fleet: Fleet, handler: str
+) -> None:
+    fleet.dispatcher()
+    fleet.worker("steps", handler=f"tests.handlers:{handler}")
+    handle = client.submit("steps", {"steps": 3})
+    events = list(handle.events(timeout=30))
+    types = [e.type for e in events]
+    assert types == ["queued", "dispatched", "accepted", "progress", "progress", "progress",
+                     "succeeded"]
+    assert [e.seq for e in events] == list(range(1, 8))
+    assert [e.data["fraction"] for e in events if e.type == "progress"] == pytest.approx([1 / 3, 2 / 3, 1])
+    assert all(e.task_id == handle.task_id and e.trace_id for e in events)
+    assert events[-1].attempt == 1 and events[-1].agent_id
+    times = [e.time for e in events]
+    assert times == sorted(times)
+    assert handle.result(timeout=5) == {"done": True}
+    # Replaying after the end gives the same history.
+    assert [e.type for e in handle.events()] == types
+
+
+def test_sync_and_async_handlers_both_work(client: ReachClient, fleet: Fleet) -> None:
+    fleet.dispatcher()
+    fleet.worker("a", handler="tests.handlers:record")
+    fleet.worker("s", handler="tests.handlers:record_sync")
+    assert client.run("a", {"n": 1}, timeout=30) == {"n": 1}
+    assert client.run("s", {"n": 2}, timeout=30) == {"n": 2, "sync": True}
+
+
+def test_builtin_summarize_agent(client: ReachClient, fleet: Fleet) -> None:
+    fleet.dispatcher()
+    fleet.worker("summarize")
+    text = ("Redis streams keep entries in order. Consumer groups share work between readers. "
+            "Each entry is delivered to one consumer. Pending entries can be claimed by others "
+            "when a reader dies. Weather was nice yesterday.")
+    result = client.run("summarize", {"text": text, "max_sentences": 2}, timeout=30)
+    assert len(result["sentences"]) == 2
+    assert result["sentence_count"] == 5
+    assert result["summary"] == " ".join(result["sentences"])
+    with pytest.raises(TaskFailed) as failed:
+        client.run("summarize", {"text": ""}, timeout=30)
+    assert failed.value.reason == "invalid_request"
+
+
+def test_result_timeout_leaves_the_task_running(client: ReachClient, fleet: Fleet) -> None:
+    handle = client.submit("later", {"n": 1})
+    with pytest.raises(TimeoutError):
+        handle.result(timeout=0.3)
+    assert handle.status().state == "queued"
+    fleet.dispatcher()
+    fleet.worker("later", handler="tests.handlers:record")
+    assert handle.result(timeout=30) == {"n": 1}
+
+
+async def test_async_client_mirrors_the_sync_one(settings: object, fleet: Fleet) -> None:
+    fleet.dispatcher()
+    fleet.worker("steps", handler="tests.handlers:progress_steps")
+    async with AsyncReachClient(settings) as client:  # type: ignore[arg-type]
+        handle = await client.submit("steps", {"steps": 2}, priority=7)
+        types = [e.type async for e in handle.events(timeout=30)]
+        assert types[-1] == "succeeded" and types.count("progress") == 2
+        assert await handle.result(timeout=5) == {"done": True}
+        many = await client.submit_many("steps", [{"steps": 1}] * 50)
+        results = await asyncio.gather(*(h.result(timeout=30) for h in many))
+        assert results == [{"done": True}] * 50
+        assert (await client.get(handle.task_id)).task_id == handle.task_id
+        assert (await handle.status()).state == "succeeded"
+        assert await client.run("steps", {"steps": 1}, timeout=30) == {"done": True}
+
+
+def test_idempotency_key_returns_the_first_task(client: ReachClient, fleet: Fleet) -> None:
+    first = client.submit("idem", {"n": 1}, idempotency_key="order-42")
+    second = client.submit("idem", {"n": 2}, idempotency_key="order-42")
+    assert second.task_id == first.task_id and not second.created and first.created
+    assert client.queue_depth("idem") == 1
+    fleet.dispatcher()
+    fleet.worker("idem", handler="tests.handlers:record")
+    assert second.result(timeout=30) == {"n": 1}
+
+
+def test_cancel_a_queued_task(client: ReachClient, fleet: Fleet) -> None:
+    handle = client.submit("cancel", {"n": 1})
+    assert client.cancel(handle.task_id) is True
+    assert client.cancel(handle.task_id) is False
+    assert handle.status().state == "canceled"
+    assert client.queue_depth("cancel") == 0
+    from broker import TaskCanceled
+
+    with pytest.raises(TaskCanceled):
+        handle.result(timeout=5)
+    assert [e.type for e in handle.events(timeout=5)] == ["queued", "canceled"]
