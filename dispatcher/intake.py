@@ -24,12 +24,6 @@ from broker import codec, protocol
 from broker.errors import BadInput
 from broker.settings import Settings
 
-KNOWN_FIELDS = frozenset({
-    "payload", "priority", "session_id", "region", "idempotency_key", "trace_id", "timeout_s",
-    "deadline_s", "metadata", "max_attempts",
-})
-
-
 def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) -> Any:
     text = fields.get(name)
     if text is None or text == "":
@@ -43,9 +37,7 @@ def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) ->
 def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
                        fields: dict[str, str]) -> protocol.SubmitRequest:
     """A validated submit request for one intake entry, or BadInput saying what is wrong."""
-    unknown = sorted(set(fields) - KNOWN_FIELDS)
-    if unknown:
-        raise BadInput(f"unknown field(s): {', '.join(unknown)}")
+    # Fields this version does not know are ignored: a newer producer may add some.
     if "payload" not in fields:
         raise BadInput("no payload field")
     for name, value in fields.items():

@@ -1,0 +1,198 @@
+"""Pure logic, tested without Redis: ids, codec, settings, routing, classification, backoff."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+import agent_worker
+import broker
+import dispatcher
+from agent_worker import InvalidRequest, Retryable
+from agent_worker.builtin.summarize import split_sentences, summarize
+from agent_worker.classify import backoff_ms, classify, describe
+from agent_worker.http_bridge import AgentFailed, interpret
+from broker import Settings, codec
+from broker.ids import new_task_id, split_task_id
+from broker.models import Outcome
+from broker.registry import AgentRecord, AgentState, agent_state
+from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, room
+
+
+def test_public_exports_match_all() -> None:
+    for module in (broker, agent_worker, dispatcher):
+        assert sorted(module.__all__) == sorted(set(module.__all__))
+        for name in module.__all__:
+            assert hasattr(module, name), f"{module.__name__}.{name}"
+    for name in ("ReachClient", "AsyncReachClient", "TaskFailed", "QueueFull", "TaskCanceled",
+                 "BrokerUnavailable", "UnknownTask"):
+        assert name in broker.__all__
+    for name in ("TaskContext", "InvalidRequest", "Retryable"):
+        assert name in agent_worker.__all__
+
+
+def test_task_ids_carry_their_capability_and_sort_by_time() -> None:
+    a = new_task_id("summarize")
+    cap, local = split_task_id(a)
+    assert cap == "summarize" and len(local) == 26
+    ids = [new_task_id("x") for _ in range(50)]
+    assert len(set(ids)) == 50
+
+
+def test_codec_round_trip_and_refusals() -> None:
+    value = {"a": [1, 2.5, "ü", None, True], "b": {"c": "d"}}
+    assert codec.loads(codec.encode_payload(value, 10_000)) == value
+    with pytest.raises(ValueError):
+        codec.loads("NaN")
+    with pytest.raises(broker.InvalidPayload, match=r"payload\['a'\]\[0\]"):
+        codec.encode_payload({"a": [float("nan")]}, 100)
+
+
+def test_settings_precedence_flag_env_file_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    monkeypatch.chdir(tmp_path)
+    assert Settings.load().lease_ms == 30000  # built-in default
+    (tmp_path / "reach.toml").write_text("lease_ms = 1000\naging_ms = 7\n[capabilities.summarize]\n"
+                                          "timeout_ms = 5000\n")
+    s = Settings.load()
+    assert (s.lease_ms, s.aging_ms, s.timeout_ms_for("summarize")) == (1000, 7, 5000)
+    monkeypatch.setenv("REACH_LEASE_MS", "2000")
+    assert Settings.load().lease_ms == 2000  # environment beats the file
+    assert Settings.load(lease_ms=3000).lease_ms == 3000  # a flag beats the environment
+    assert Settings.load(lease_ms=None).lease_ms == 2000  # an unset flag changes nothing
+    other = tmp_path / "other.toml"
+    other.write_text("[reach]\nprefix = 'other'\n")
+    monkeypatch.setenv("REACH_CONFIG", str(other))
+    assert Settings.load().prefix == "other"  # REACH_CONFIG beats ./reach.toml
+    monkeypatch.setenv("REDIS_URL", "redis://h:1/3")
+    assert Settings.load().redis_url == "redis://h:1/3" and Settings.load().redis_url_given
+
+
+def test_settings_defaults_are_the_designs() -> None:
+    s = Settings.load(redis_url="redis://x")
+    assert (s.prefix, s.heartbeat_ms, s.suspect_after_ms, s.offline_after_ms, s.lease_ms) == (
+        "reach", 5000, 15000, 30000, 30000)
+    assert (s.aging_ms, s.max_attempts, s.backoff_base_ms, s.backoff_max_ms, s.backoff_jitter_ms) == (
+        30000, 3, 500, 8000, 500)
+    assert (s.watermark, s.backlog_factor, s.max_queue_depth, s.max_payload_bytes) == (
+        0.85, 5, 100000, 1048576)
+    assert (s.result_ttl_ms, s.idempotency_ttl_ms, s.default_timeout_ms) == (86400000, 86400000, 300000)
+    assert (s.circuit_failures, s.circuit_open_ms, s.cold_start_ms) == (10, 10000, 120000)
+
+
+def test_redacted_url_hides_the_password() -> None:
+    s = Settings.load(redis_url="rediss://app:hunter2@redis.example:6380/1")
+    assert s.redacted_url() == "rediss://app:***@redis.example:6380/1"
+
+
+@pytest.mark.parametrize("exc, outcome", [
+    (InvalidRequest("x"), Outcome.INVALID_REQUEST),
+    (Retryable("x"), Outcome.RETRYABLE_FAILURE),
+    (TimeoutError(), Outcome.RETRYABLE_FAILURE),
+    (ConnectionError(), Outcome.RETRYABLE_FAILURE),
+    (RuntimeError("x"), Outcome.FAILURE),
+    (KeyError("x"), Outcome.FAILURE),
+])
+def test_classification(exc: BaseException, outcome: Outcome) -> None:
+    assert classify(exc) is outcome
+
+
+def test_classification_of_payload_validation_errors() -> None:
+    from pydantic import BaseModel, ValidationError
+
+    class P(BaseModel):
+        text: str
+
+    with pytest.raises(ValidationError) as err:
+        P.model_validate({})
+    assert classify(err.value) is Outcome.INVALID_REQUEST
+    assert describe(err.value) == "text: Field required"
+    assert classify(RuntimeError(), retry_failures=True) is Outcome.RETRYABLE_FAILURE
+
+
+def test_backoff_doubles_is_capped_and_jittered() -> None:
+    s = Settings.load(redis_url="redis://x")
+    rng = random.Random(7)
+    for attempt, base in [(1, 500), (2, 1000), (3, 2000), (4, 4000), (5, 8000), (9, 8000)]:
+        for _ in range(20):
+            delay = backoff_ms(attempt, s, rng)
+            assert base <= delay <= base + 500
+        assert base <= backoff_ms(attempt, s) <= base + 500  # tenacity's own jitter
+
+
+def _record(**kw: object) -> AgentRecord:
+    from broker.models import AgentDescriptor
+
+    return AgentRecord(agent_id="a", descriptor=AgentDescriptor(agent_id="a", capabilities=["c"]),
+                       last_seen_ms=int(kw.get("last_seen", 100_000)), registered_at_ms=0,
+                       warm_until_ms=int(kw.get("warm_until", 0)), mode=str(kw.get("mode", "active")),
+                       stats=dict(kw.get("stats", {})))  # type: ignore[call-overload]
+
+
+def test_agent_states_by_server_clock() -> None:
+    s = Settings.load(redis_url="redis://x")
+    now = 100_000
+    assert agent_state(_record(), now, s) is AgentState.HEALTHY
+    assert agent_state(_record(last_seen=now - 15_000), now, s) is AgentState.SUSPECT
+    assert agent_state(_record(last_seen=now - 30_000), now, s) is AgentState.OFFLINE
+    assert agent_state(_record(mode="draining"), now, s) is AgentState.DRAINING
+    assert agent_state(_record(warm_until=now + 1), now, s) is AgentState.WARMING
+    stalled = {"loop_progress_age_ms": 25_000, "inflight": 1}
+    assert agent_state(_record(stats=stalled), now, s) is AgentState.NOT_READY
+    idle_stall = {"loop_progress_age_ms": 25_000, "inflight": 0}
+    assert agent_state(_record(stats=idle_stall), now, s) is AgentState.HEALTHY
+
+
+def test_room_respects_watermark_backlog_and_speed() -> None:
+    s = Settings.load(redis_url="redis://x")
+    def cand(running: int, outstanding: int, p50: float | None = None, conc: int = 8) -> Candidate:
+        return Candidate("a", conc, InboxLoad(outstanding, running), p50)
+
+    assert room(cand(7, 7), s) == 0  # 7/8 >= 0.85: at the watermark
+    assert room(cand(6, 6), s) == 3  # two free slots + prefetch 1 (unknown speed)
+    assert room(cand(0, 0, p50=0.01), s) == 40  # a fast agent gets a deep buffer, capped at 5x
+    assert room(cand(0, 40, p50=0.01), s) == 0  # backlog limit reached
+    assert room(cand(0, 0, p50=10_000), s) == 9  # slow: free slots plus one
+
+
+def test_assign_prefers_the_least_loaded_and_stops_when_full() -> None:
+    s = Settings.load(redis_url="redis://x")
+    full = Candidate("full", 4, InboxLoad(4, 4))  # 4/4 running: over the watermark
+    busy = Candidate("busy", 4, InboxLoad(2, 2))  # room 4 - 2 + 1 = 3
+    idle = Candidate("idle", 4, InboxLoad(0, 0))  # room 4 - 0 + 1 = 5
+    tasks = [ReadyTask(str(i), 5, "", "") for i in range(20)]
+    plan = assign(tasks, [full, busy, idle], s, random.Random(1))
+    assert "full" not in plan
+    assert len(plan["idle"]) == 5 and len(plan["busy"]) == 3  # everything that fits, no more
+    assert plan["idle"][:2] == ["0", "1"]  # the idle agent first, until loads are equal
+
+
+def test_summarizer_picks_central_sentences_in_order() -> None:
+    text = ("Cats sleep a lot. Cats hunt mice at night. The weather was cold. Cats and mice are old "
+            "enemies. Tea is nice.")
+    chosen = summarize(text, 2)
+    assert len(chosen) == 2 and all("Cats" in s for s in chosen)
+    assert chosen == sorted(chosen, key=text.index)
+    assert split_sentences("One. Two!  Three?") == ["One.", "Two!", "Three?"]
+
+
+@pytest.mark.parametrize("status, body, expect", [
+    (200, b'{"status": "success", "result": {"x": 1}}', {"x": 1}),
+    (200, b'{"y": 2}', {"y": 2}),
+    (200, b'{"status": "invalid_request", "error": "no text"}', InvalidRequest),
+    (200, b'{"status": "retryable_failure", "error": "slow"}', Retryable),
+    (200, b'{"status": "failure", "error": "no"}', AgentFailed),
+    (429, b"busy", Retryable),
+    (503, b"", Retryable),
+    (400, b"bad", InvalidRequest),
+    (500, b"oops", AgentFailed),
+    (200, b"not json", AgentFailed),
+])
+def test_http_bridge_interprets_business_status(status: int, body: bytes, expect: object) -> None:
+    if isinstance(expect, type) and issubclass(expect, BaseException):
+        with pytest.raises(expect):
+            interpret(status, body)
+    else:
+        assert interpret(status, body) == expect
