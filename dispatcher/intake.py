@@ -24,6 +24,7 @@ from broker import codec, protocol
 from broker.errors import BadInput
 from broker.settings import Settings
 
+
 def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) -> Any:
     text = fields.get(name)
     if text is None or text == "":

@@ -12,7 +12,9 @@ from rich.console import Console
 from broker.settings import Settings
 
 RedisUrlOption = Annotated[str | None, typer.Option("--redis-url", help="Redis URL (else REDIS_URL)")]
-ConfigOption = Annotated[Path | None, typer.Option("--config", help="Config file (else REACH_CONFIG, ./reach.toml)")]
+ConfigOption = Annotated[
+    Path | None, typer.Option("--config", help="Config file (else REACH_CONFIG, ./reach.toml)")
+]
 JsonOption = Annotated[bool, typer.Option("--json", help="Machine-readable JSON output")]
 
 console = Console()

@@ -14,6 +14,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from broker.embedded import EmbeddedRedis
 from broker.keys import RegistryKeys
@@ -72,7 +73,7 @@ class Stack:
         """Until every worker is registered and healthy (or raise RuntimeError)."""
         import redis
 
-        client = redis.Redis.from_url(self.url, decode_responses=True)
+        client: Any = redis.Redis.from_url(self.url, decode_responses=True)
         keys = RegistryKeys(self.settings.prefix)
         deadline = time.monotonic() + timeout
         try:

@@ -38,7 +38,7 @@ def submit(
     capability: Annotated[str, typer.Argument(help="Capability name, e.g. summarize")],
     payload: Annotated[str, typer.Argument(help="The payload as JSON text")],
     wait: Annotated[bool, typer.Option("--wait", help="Wait for the result and print it")] = False,
-    timeout: Annotated[float | None, typer.Option(help="With --wait: give up after this many seconds")] = None,
+    timeout: Annotated[float | None, typer.Option(help="With --wait: give up after N seconds")] = None,
     priority: Annotated[int, typer.Option(help="0-9, higher runs first")] = 5,
     session_id: Annotated[str | None, typer.Option()] = None,
     region: Annotated[str | None, typer.Option()] = None,

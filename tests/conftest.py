@@ -9,6 +9,7 @@ Nothing is ever flushed: each test uses its own prefix and deletes only its own 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import signal
@@ -237,10 +238,8 @@ class Fleet:
         for proc in self.procs:
             proc.signal(signal.SIGKILL)
         for proc in self.procs:
-            try:
+            with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(10)
-            except subprocess.TimeoutExpired:
-                pass
 
 
 def agent_state_of(settings: Settings, agent_id: str) -> AgentState | None:
