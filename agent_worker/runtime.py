@@ -151,10 +151,13 @@ class Worker:
         await self._drain(jobs)
         for job in helpers:
             job.cancel()
-        await asyncio.gather(*helpers, return_exceptions=True)
+        _, stuck = await asyncio.wait(helpers, timeout=5.0)
+        if stuck:
+            log.warning("%d helper job(s) did not stop in time", len(stuck))
         self._heartbeat.stop()
         self._threads.shutdown(wait=False, cancel_futures=True)
-        await self._redis.aclose()
+        with contextlib.suppress(*connection.TRANSIENT_ERRORS, TimeoutError):
+            await asyncio.wait_for(self._redis.aclose(), 5.0)
         log.info("agent %s stopped", self.agent_id)
         return 0
 
@@ -234,15 +237,22 @@ class Worker:
         inbox = ck.inbox(self.agent_id)
         share = max(1, self.concurrency // len(self.bindings))
         backoff = 0.1
+        # At start and after every lost connection, first look at entries already delivered to
+        # this agent id: a reply lost in a Redis restart, or an earlier process of the same id.
+        recover = True
         while not self._stopping:
             n = await self._reserve(share)
             if n == 0:
                 return
             try:
-                reply = await self._redis.xreadgroup(
-                    AGENT_GROUP, self.agent_id, {inbox: ">"}, count=n, block=READ_BLOCK_MS
-                )
-                entries = reply[0][1] if reply else []
+                if recover:
+                    entries = await self._own_pending(inbox, n)
+                    recover = bool(entries)
+                else:
+                    reply = await self._redis.xreadgroup(
+                        AGENT_GROUP, self.agent_id, {inbox: ">"}, count=n, block=READ_BLOCK_MS
+                    )
+                    entries = reply[0][1] if reply else []
                 await self._release(n - len(entries))
                 if entries:
                     await self._accept(binding, ck, entries)
@@ -255,9 +265,29 @@ class Worker:
                     self.settings, binding.capability, self.agent_id, token_sha(self.token)))
             except connection.TRANSIENT_ERRORS as exc:
                 await self._release(n)
+                recover = True
                 log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+
+    async def _own_pending(self, inbox: str, most: int) -> list[tuple[str, dict[str, str]]]:
+        """Entries delivered to this agent id that this process is not running."""
+        mine = {item.lease.entry_id for item in self.running.values()}
+        out: list[tuple[str, dict[str, str]]] = []
+        start = "0"
+        while len(out) < most:
+            reply = await self._redis.xreadgroup(AGENT_GROUP, self.agent_id, {inbox: start},
+                                                 count=100)
+            entries = reply[0][1] if reply else []
+            if not entries:
+                break
+            for entry_id, fields in entries:
+                if fields is None:  # finished and deleted while still pending: just clear it
+                    await self._redis.xack(inbox, AGENT_GROUP, entry_id)
+                elif entry_id not in mine and len(out) < most:
+                    out.append((entry_id, fields))
+            start = entries[-1][0]
+        return out
 
     async def _accept(self, binding: Binding, ck: CapabilityKeys,
                       entries: list[tuple[str, dict[str, str]]]) -> None:

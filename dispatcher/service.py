@@ -32,6 +32,8 @@ from dispatcher.registry_view import RegistryView
 
 log = logging.getLogger("reach.dispatcher")
 
+STOP_TIMEOUT_S = 5.0
+
 
 class Dispatcher:
     def __init__(self, settings: Settings, capabilities: list[str] | None = None,
@@ -62,10 +64,14 @@ class Dispatcher:
             asyncio.create_task(self._refresher(), name="registry-refresher"),
         ]
         await self._stop.wait()
-        for task in [*helpers, *self._tasks.values()]:
+        everything = [*helpers, *self._tasks.values()]
+        for task in everything:
             task.cancel()
-        await asyncio.gather(*helpers, *self._tasks.values(), return_exceptions=True)
-        await self.redis.aclose()
+        _, stuck = await asyncio.wait(everything, timeout=STOP_TIMEOUT_S)
+        if stuck:
+            log.warning("%d job(s) did not stop within %.0fs", len(stuck), STOP_TIMEOUT_S)
+        with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+            await asyncio.wait_for(self.redis.aclose(), STOP_TIMEOUT_S)
         log.info("dispatcher %s stopped", self.dispatcher_id)
         return 0
 

@@ -173,3 +173,32 @@ def test_cancel_a_queued_task(client: ReachClient, fleet: Fleet) -> None:
     with pytest.raises(TaskCanceled):
         handle.result(timeout=5)
     assert [e.type for e in handle.events(timeout=5)] == ["queued", "canceled"]
+
+
+def test_workers_dispatchers_and_clients_reconnect_after_a_redis_restart(tmp_path: object) -> None:
+    import secrets
+    from pathlib import Path
+
+    from broker import Settings
+    from broker.embedded import EmbeddedRedis
+    from tests.conftest import FAST
+
+    server = EmbeddedRedis(appendonly=True).start()
+    try:
+        settings = Settings.load(redis_url=server.url, prefix=f"rs{secrets.token_hex(3)}", **FAST)
+        fleet = Fleet(settings, Path(str(tmp_path)))
+        try:
+            fleet.dispatcher()
+            fleet.worker("echo")
+            with ReachClient(settings) as client:
+                assert client.run("echo", {"before": 1}, timeout=30) == {"before": 1}
+                queued = client.submit("echo", {"queued": 1})  # may or may not run before the kill
+                server.kill()
+                server.start()  # same port; the AOF brings every acknowledged write back
+                assert queued.result(timeout=60) == {"queued": 1}
+                assert client.run("echo", {"after": 1}, timeout=60) == {"after": 1}
+            assert all(p.popen.poll() is None for p in fleet.procs), "nobody crashed"
+        finally:
+            fleet.stop_all()
+    finally:
+        server.stop()
