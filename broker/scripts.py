@@ -18,28 +18,19 @@ from redis.cluster import RedisCluster
 
 from broker.protocol import ScriptCall
 
-SCRIPT_NAMES = (
-    "submit",
-    "dispatch",
-    "accept",
-    "progress",
-    "complete",
-    "cancel",
-    "promote",
-    "register",
-    "bind",
-    "heartbeat",
-    "deregister",
-    "dead_letter_raw",
-    "renew",
-)
+_LUA = resources.files("broker") / "lua"
+
+# Every `<name>.lua` of the folder is a script (files starting with '_' are shared helpers).
+SCRIPT_NAMES = tuple(sorted(
+    entry.name.removesuffix(".lua") for entry in _LUA.iterdir()
+    if entry.name.endswith(".lua") and not entry.name.startswith("_")
+))
 
 
 @cache
 def source(name: str) -> str:
-    folder = resources.files("broker") / "lua"
-    lib = (folder / "_lib.lua").read_text(encoding="utf-8")
-    body = (folder / f"{name}.lua").read_text(encoding="utf-8")
+    lib = (_LUA / "_lib.lua").read_text(encoding="utf-8")
+    body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
     return f"{lib}\n-- ===== {name}.lua =====\n{body}"
 
 

@@ -82,6 +82,10 @@ class Settings(BaseSettings):
     """Fail a task still queued after this long with reason no_agent_timeout (0: never)."""
     event_feed_maxlen: int = Field(10000, ge=0)
     """Approximate length of each capability's event feed stream (0: no feed)."""
+    dlq_retention_ms: int = Field(14 * 86400000, gt=0)
+    """Dead letters older than this are trimmed; younger ones are never dropped."""
+    dlq_maxlen: int = Field(0, ge=0)
+    """Beyond this many entries (0: no limit), the oldest dead letters past the retention go first."""
     idle_tick_ms: int = Field(1000, gt=0)
     """Longest a dispatcher sleeps without a wake-up signal before it looks again."""
     dispatch_batch: int = Field(256, ge=1)

@@ -1,0 +1,1 @@
+"""Inspecting and replaying the dead-letter stream (library + `reach dlq` commands)."""

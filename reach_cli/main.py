@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, setup_logging
+from dlq_tools.cli import app as dlq_app
 from reach_cli import tasks
 from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
 
@@ -20,6 +21,7 @@ app.command()(tasks.submit)
 app.command()(tasks.status)
 app.command()(tasks.result)
 app.command()(tasks.cancel)
+app.add_typer(dlq_app, name="dlq")
 
 
 @app.command()
