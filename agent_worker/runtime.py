@@ -34,7 +34,7 @@ from agent_worker.context import TaskContext
 from agent_worker.executor import AttemptEnd, run_attempt
 from agent_worker.handlers import Binding
 from agent_worker.registration import HeartbeatThread, register, token_sha
-from broker import codec, connection, protocol
+from broker import codec, connection, inbox, protocol
 from broker.errors import ConfigError
 from broker.ids import split_task_id
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
@@ -131,12 +131,14 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._on_signal)
         log.info("agent %s starting: %s", self.agent_id,
                  ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()))
-        self.token = await connection.with_reconnect(self._register)
+        self._rss_start_kb = _rss_kb()
         self._heartbeat = HeartbeatThread(
             self.settings, self.agent_id, lambda: self.token, self.heartbeat_stats,
             self._reregister_from_thread,
         )
-        self._heartbeat.start()
+        # Registration retries in the background while Redis is away; the readers wait for it.
+        self._registered = asyncio.Event()
+        self._reregister.set()
         jobs = [asyncio.create_task(self._reader(b), name=f"reader-{c}")
                 for c, b in self.bindings.items()]
         helpers = [
@@ -180,20 +182,36 @@ class Worker:
         return await register(self.settings, self._redis, self._scripts, self.descriptor)
 
     async def _registrar(self) -> None:
-        """Registers again when the registry refused our token (e.g. the record was pruned)."""
+        """Registers at start, and again whenever the registry refused our token (e.g. the
+        record was pruned while we were partitioned away)."""
         while True:
             await self._reregister.wait()
             self._reregister.clear()
             self.token = await connection.with_reconnect(self._register)
-            self._heartbeat.beat_now()
+            if not self._registered.is_set():
+                self._registered.set()
+                self._heartbeat.start()  # its first beat goes out at once
+                log.info("agent %s registered", self.agent_id)
+            else:
+                self._heartbeat.beat_now()
 
     async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
         grace = self.settings.drain_grace_ms / 1000
         log.info("draining: %d task(s) in flight, grace %.0fs", len(self.running), grace)
+        if not self._registered.is_set():
+            for reader in readers:
+                reader.cancel()
+            return
         self._heartbeat.beat_now("draining")
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
+        for capability in self.bindings:  # unread tasks go to other agents at once
+            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                released = await inbox.release_unread(self._redis, self._scripts, self.settings,
+                                                      capability, self.agent_id, "agent draining")
+                if released:
+                    log.info("handed %d unread %s task(s) back to the queue", released, capability)
         deadline = time.monotonic() + grace
         while self.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -211,6 +229,9 @@ class Worker:
             for capability in self.bindings:
                 ck = CapabilityKeys(self.settings.prefix, capability)
                 await self._redis.hdel(ck.tokens, self.agent_id)
+                if not await self._redis.xlen(ck.inbox(self.agent_id)):
+                    await self._redis.delete(ck.inbox(self.agent_id))
+                    await self._redis.srem(ck.inboxes, self.agent_id)
 
     # -- slots ------------------------------------------------------------------------------
 
@@ -233,6 +254,7 @@ class Worker:
     # -- reading and accepting --------------------------------------------------------------
 
     async def _reader(self, binding: Binding) -> None:
+        await self._registered.wait()
         ck = CapabilityKeys(self.settings.prefix, binding.capability)
         inbox = ck.inbox(self.agent_id)
         share = max(1, self.concurrency // len(self.bindings))
@@ -493,6 +515,7 @@ class Worker:
         """Numbers for the registry (advisory; routing counts load from Redis itself)."""
         latencies = sorted(self.stats.latencies_ms)
         p50 = latencies[len(latencies) // 2] if latencies else None
+        rss = _rss_kb()
         return {
             "inflight": len(self.running),
             "max_concurrency": self.concurrency,
@@ -502,7 +525,9 @@ class Worker:
             "done": self.stats.done,
             "failed": self.stats.failed,
             "rejected": self.stats.rejected,
-            "rss_kb": _rss_kb(),
+            "rss_kb": rss,
+            "rss_growth_kb": rss - self._rss_start_kb if rss and self._rss_start_kb else None,
+            "free_slots": self._free,
             "draining": self._stopping,
         }
 

@@ -9,6 +9,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:intake | stream, group `dispatch` | raw producers (any language) | entries deleted when taken |
 | P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
 | P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
+| P:{cap}:deadlines | zset id -> when to check its deadline | submit | when checked |
 | P:{cap}:task:{id} | hash, the task record | every script | result_ttl after a terminal state |
 | P:{cap}:task:{id}:events | list of JSON events | every script | with the task record |
 | P:{cap}:task:{id}:done | list: the terminal state, for BLMOVE waiters | terminal scripts | with the record |
@@ -58,6 +59,10 @@ class CapabilityKeys:
     @property
     def delayed(self) -> str:
         return f"{self.base}:delayed"
+
+    @property
+    def deadlines(self) -> str:
+        return f"{self.base}:deadlines"
 
     @property
     def inboxes(self) -> str:

@@ -123,7 +123,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
     if any(r.capability != capability for r in requests):
         raise BadInput("one submit call serves one capability")
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.events, ck.intake]
+    keys = [ck.queue, ck.events, ck.intake, ck.deadlines]
     args: list[str | int | float] = [
         settings.max_queue_depth,
         settings.aging_ms,
@@ -131,6 +131,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
         settings.event_feed_maxlen,
         settings.prefix + ":",
         capability,
+        settings.no_agent_timeout_ms,
     ]
     for r in requests:
         local = r.local_id
@@ -342,6 +343,57 @@ def renew_call(
     for lease in leases:
         args += [lease.entry_id, lease.fence]
     return ScriptCall("renew", keys, args)
+
+
+def release_call(
+    settings: Settings, capability: str, agent_id: str, reason: str, entries: Sequence[Lease]
+) -> ScriptCall:
+    """Put unread inbox entries (entry id, local id, fence) back into the ready queue."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.queue, ck.events]
+    args: list[str | int | float] = [
+        agent_id, settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":", capability,
+        reason,
+    ]
+    for e in entries:
+        keys += [ck.task(e.local_id), ck.task_events(e.local_id)]
+        args += [e.entry_id, e.fence]
+    return ScriptCall("release", keys, args)
+
+
+def reclaim_call(
+    settings: Settings, capability: str, agent_id: str, consumer: str, reason: str,
+    entries: Sequence[Lease],
+) -> ScriptCall:
+    """Requeue tasks whose lapsed inbox entries the dispatcher (`consumer`) has claimed."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events]
+    args: list[str | int | float] = [
+        agent_id, consumer, settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":",
+        settings.result_ttl_ms, capability, reason,
+    ]
+    for e in entries:
+        keys += [ck.task(e.local_id), ck.task_events(e.local_id), ck.task_done(e.local_id)]
+        args += [e.entry_id, e.fence]
+    return ScriptCall("reclaim", keys, args)
+
+
+def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events]
+    for local in local_ids:
+        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
+    args: list[str | int | float] = [
+        settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
+        settings.no_agent_timeout_ms, *local_ids,
+    ]
+    return ScriptCall("expire", keys, args)
+
+
+def agent_state_call(settings: Settings, agent_id: str, known: str, new: str) -> ScriptCall:
+    rk = RegistryKeys(settings.prefix)
+    return ScriptCall("agent_state", [rk.agent(agent_id), rk.events],
+                      [agent_id, known, new, settings.prefix + ":"])
 
 
 def register_call(

@@ -42,6 +42,8 @@ class AgentRecord:
     mode: str = "active"
     stats: dict[str, Any] = field(default_factory=dict)
     refused: int = 0
+    recorded_state: str = ""
+    """The state last written to the registry (by agent_state.lua), to notice transitions."""
 
     @classmethod
     def from_hash(cls, data: dict[str, str]) -> AgentRecord | None:
@@ -58,6 +60,7 @@ class AgentRecord:
                 mode=data.get("mode") or "active",
                 stats=stats if isinstance(stats, dict) else {},
                 refused=int(data.get("refused") or 0),
+                recorded_state=data.get("state") or "",
             )
         except (KeyError, ValueError):
             return None

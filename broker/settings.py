@@ -59,6 +59,8 @@ class Settings(BaseSettings):
     heartbeat_ms: int = Field(5000, gt=0)
     suspect_after_ms: int = Field(15000, gt=0)
     offline_after_ms: int = Field(30000, gt=0)
+    prune_after_ms: int = Field(86400000, gt=0)
+    """An agent offline this long is removed from the registry (its record kept until then)."""
     stall_after_ms: int = Field(20000, gt=0)
     """An agent holding tasks whose executor loop made no progress for this long is not_ready."""
     lease_ms: int = Field(30000, gt=0)

@@ -1,8 +1,15 @@
-"""One capability's share of the dispatcher: intake, due retries, routing.
+"""One capability's share of the dispatcher.
 
-Each step does whatever is ready and reports whether it moved anything; with nothing to do the
-loop sleeps until a wake-up (new task, freed capacity, registry change) or the next due retry,
-never longer than the idle tick.
+Each step looks at everything that may need doing in one round trip (due retries, due
+deadlines, raw intake) and then does it; routing always runs. With nothing moving, the loop
+sleeps until a wake-up (new task, freed capacity, registry change), the next due retry or
+deadline, or the next lease sweep — never longer than the idle tick.
+
+    intake     raw producers' entries -> tasks (or the DLQ as malformed)
+    promote    retries whose backoff ended -> ready queue
+    expire     tasks past their deadline (anywhere) or never started in time -> failed
+    reclaim    inbox entries whose lease lapsed -> requeued as a new attempt
+    route      ready tasks -> agents' inboxes
 """
 
 from __future__ import annotations
@@ -10,11 +17,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from broker import connection, protocol
+from broker import connection, inbox, protocol
 from broker.errors import BadInput, QueueFull
 from broker.keys import DISPATCH_GROUP, CapabilityKeys
 from dispatcher import routing
@@ -26,8 +34,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("reach.dispatcher")
 
 INTAKE_BATCH = 200
-PROMOTE_BATCH = 200
+SWEEP_BATCH = 200
 INTAKE_CLAIM_IDLE_MS = 60_000
+ROUTING_FIELDS = ("priority", "session_id", "region", "routing", "last_agent_id", "state")
 
 
 class CapabilityLoop:
@@ -37,12 +46,19 @@ class CapabilityLoop:
         self.keys = CapabilityKeys(dispatcher.settings.prefix, capability)
         self.loads: dict[str, routing.InboxLoad] = {}
         self._wake = asyncio.Event()
-        self._next_due_ms: float | None = None
+        self._next_delayed_ms: float | None = None
+        self._next_deadline_ms: float | None = None
+        self._next_sweep = 0.0
+        self._next_intake_claim = 0.0
         self._intake_group_ready = False
         self._intake_pending_checked = False
         self.dispatched = 0
+        self.reclaimed = 0
+        self.expired = 0
 
-    def kick(self) -> None:
+    def kick(self, new_tasks: bool = False) -> None:
+        if new_tasks:
+            self._next_deadline_ms = None  # a new task may carry an earlier deadline
         self._wake.set()
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
@@ -68,15 +84,41 @@ class CapabilityLoop:
                 await asyncio.wait_for(self._wake.wait(), self._idle_timeout())
 
     def _idle_timeout(self) -> float:
-        tick = self.d.settings.idle_tick_ms / 1000
-        if self._next_due_ms is None:
-            return tick
-        until_due = (self._next_due_ms - self.d.view.now_ms()) / 1000
-        return max(0.001, min(tick, until_due))
+        timeout = self.d.settings.idle_tick_ms / 1000
+        now = self.d.view.now_ms()
+        for due in (self._next_delayed_ms, self._next_deadline_ms):
+            if due is not None:
+                timeout = min(timeout, (due - now) / 1000)
+        timeout = min(timeout, self._next_sweep - time.monotonic())
+        return max(0.001, timeout)
 
     async def step(self) -> bool:
-        moved = await self._intake()
-        moved += await self._promote()
+        now = self.d.view.now_ms()
+        moved = 0
+        pipe = self.d.redis.pipeline(transaction=False)
+        pipe.xlen(self.keys.intake)
+        pipe.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=SWEEP_BATCH)
+        pipe.zrange(self.keys.delayed, 0, 0, withscores=True)
+        pipe.zrangebyscore(self.keys.deadlines, "-inf", now, start=0, num=SWEEP_BATCH)
+        pipe.zrange(self.keys.deadlines, 0, 0, withscores=True)
+        intake_len, due_retries, delayed_head, due_deadlines, deadline_head = await pipe.execute()
+        if intake_len:
+            moved += await self._intake()
+        if due_retries:
+            moved += int(await self.d.scripts(
+                protocol.promote_call(self.d.settings, self.capability, due_retries)))
+        if due_deadlines:
+            expired, no_agent, _ = await self.d.scripts(
+                protocol.expire_call(self.d.settings, self.capability, due_deadlines))
+            self.expired += int(expired) + int(no_agent)
+            moved += int(expired) + int(no_agent) + (1 if len(due_deadlines) == SWEEP_BATCH else 0)
+        if due_retries or due_deadlines:
+            delayed_head = await self.d.redis.zrange(self.keys.delayed, 0, 0, withscores=True)
+            deadline_head = await self.d.redis.zrange(self.keys.deadlines, 0, 0, withscores=True)
+        self._next_delayed_ms = float(delayed_head[0][1]) if delayed_head else None
+        self._next_deadline_ms = float(deadline_head[0][1]) if deadline_head else None
+        if time.monotonic() >= self._next_sweep:
+            moved += await self._reclaim_lapsed()
         moved += await self._route()
         return moved > 0
 
@@ -99,7 +141,8 @@ class CapabilityLoop:
         entries = reply[0][1] if reply else []
         if start == "0" and len(entries) < INTAKE_BATCH:
             self._intake_pending_checked = True
-        if not entries and start == ">":
+        if not entries and start == ">" and time.monotonic() >= self._next_intake_claim:
+            self._next_intake_claim = time.monotonic() + INTAKE_CLAIM_IDLE_MS / 3000
             entries = await self._claim_abandoned_intake()
         if not entries:
             return 0
@@ -133,19 +176,29 @@ class CapabilityLoop:
         entries: list[Any] = reply[1] if reply else []
         return [e for e in entries if e]
 
-    # -- retries that are due ---------------------------------------------------------------
+    # -- leases -----------------------------------------------------------------------------
 
-    async def _promote(self) -> int:
-        now = self.d.view.now_ms()
-        if self._next_due_ms is not None and now < self._next_due_ms:
+    async def _reclaim_lapsed(self) -> int:
+        """Requeue tasks whose lease lapsed, in every inbox of this capability."""
+        settings = self.d.settings
+        self._next_sweep = time.monotonic() + min(settings.lease_ms / 3000, 5.0)
+        agents = sorted(await self.d.redis.smembers(self.keys.inboxes))
+        if not agents:
             return 0
-        r = self.d.redis
-        due = await r.zrangebyscore(self.keys.delayed, "-inf", now, start=0, num=PROMOTE_BATCH)
+        pipe = self.d.redis.pipeline(transaction=False)
+        for agent_id in agents:
+            pipe.xpending(self.keys.inbox(agent_id), "agents")
+        summaries = await pipe.execute(raise_on_error=False)
         moved = 0
-        if due:
-            moved = int(await self.d.scripts(protocol.promote_call(self.d.settings, self.capability, due)))
-        head = await r.zrange(self.keys.delayed, 0, 0, withscores=True)
-        self._next_due_ms = float(head[0][1]) if head else None
+        for agent_id, summary in zip(agents, summaries, strict=True):
+            if not isinstance(summary, dict) or not summary.get("pending"):
+                continue
+            moved += await inbox.reclaim_lapsed(
+                self.d.redis, self.d.scripts, settings, self.capability, agent_id,
+                self.d.dispatcher_id, settings.lease_ms, "lease lapsed")
+        if moved:
+            self.reclaimed += moved
+            log.warning("%s: %d task(s) whose lease lapsed were handed on", self.capability, moved)
         return moved
 
     # -- routing ----------------------------------------------------------------------------
@@ -176,6 +229,22 @@ class CapabilityLoop:
             running = pending.get("pending", 0) if isinstance(pending, dict) else 0
             self.note_load(agent_id, int(length) if isinstance(length, int) else 0, int(running))
 
+    async def _ready_tasks(self, want: int) -> list[routing.ReadyTask]:
+        r = self.d.redis
+        ids = await r.zrange(self.keys.queue, 0, want - 1)
+        if not ids:
+            return []
+        pipe = r.pipeline(transaction=False)
+        for local_id in ids:
+            pipe.hmget(self.keys.task(local_id), ROUTING_FIELDS)
+        rows = await pipe.execute()
+        tasks = []
+        for local_id, (priority, session, region, _routing, last_agent, _state) in zip(
+                ids, rows, strict=True):
+            tasks.append(routing.ReadyTask(
+                local_id, int(priority or 5), session or "", region or "", last_agent or ""))
+        return tasks
+
     async def _route(self) -> int:
         settings = self.d.settings
         candidates = self.candidates()
@@ -183,11 +252,9 @@ class CapabilityLoop:
         want = min(sum(rooms.values()), settings.dispatch_batch)
         if want <= 0:
             return 0
-        r = self.d.redis
-        ids = await r.zrange(self.keys.queue, 0, want - 1)
-        if not ids:
+        tasks = await self._ready_tasks(want)
+        if not tasks:
             return 0
-        tasks = [routing.ReadyTask(local_id, 5, "", "") for local_id in ids]
         plan = routing.assign(tasks, candidates, settings)
         by_id = {c.agent_id: c for c in candidates}
         progressed = 0

@@ -48,9 +48,11 @@ class Candidate:
 @dataclass(frozen=True, slots=True)
 class ReadyTask:
     local_id: str
-    priority: int
-    session_id: str
-    region: str
+    priority: int = 5
+    session_id: str = ""
+    region: str = ""
+    last_agent_id: str = ""
+    """The agent whose attempt failed last: a retry goes elsewhere when another agent has room."""
 
 
 def max_unread(candidate: Candidate, settings: Settings) -> int:
@@ -89,6 +91,8 @@ def assign(tasks: Sequence[ReadyTask], candidates: Sequence[Candidate], settings
         open_agents = [a for a, r in rooms.items() if r > 0]
         if not open_agents:
             break
+        if task.last_agent_id and len(open_agents) > 1:
+            open_agents = [a for a in open_agents if a != task.last_agent_id] or open_agents
         best = min(outstanding[a] / conc[a] for a in open_agents)
         choices = [a for a in open_agents if outstanding[a] / conc[a] == best]
         agent = rng.choice(choices)

@@ -28,6 +28,7 @@ from broker.keys import Channels, RegistryKeys
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 from dispatcher.capability import CapabilityLoop
+from dispatcher.health import HealthWatcher
 from dispatcher.registry_view import RegistryView
 
 log = logging.getLogger("reach.dispatcher")
@@ -56,6 +57,7 @@ class Dispatcher:
         self.redis: Any = connection.async_client(self.settings)
         self.scripts = AsyncScripts(self.redis)
         self.view = RegistryView(self.settings, self.redis)
+        self.health = HealthWatcher(self)
         log.info("dispatcher %s starting on %s (prefix %r)", self.dispatcher_id,
                  self.settings.redacted_url(), self.settings.prefix)
         await connection.with_reconnect(self._refresh)
@@ -85,6 +87,7 @@ class Dispatcher:
         names = await self.redis.smembers(RegistryKeys(self.settings.prefix).capabilities)
         for name in set(names) | self.view.capabilities():
             self._ensure_loop(name)
+        await self.health.react()
         for loop in self.loops.values():
             await loop.refresh_loads([r.agent_id for r in self.view.ready_for(loop.capability)])
             loop.kick()
@@ -143,7 +146,7 @@ class Dispatcher:
         if kind == "task" and len(parts) == 2:
             loop = self._ensure_loop(parts[1])
             if loop is not None:
-                loop.kick()
+                loop.kick(new_tasks=True)
         elif kind == "free" and len(parts) == 5:
             loop = self.loops.get(parts[1])
             if loop is not None:

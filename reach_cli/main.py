@@ -11,7 +11,7 @@ import typer
 
 from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, setup_logging
 from dlq_tools.cli import app as dlq_app
-from reach_cli import tasks
+from reach_cli import ops, tasks
 from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -21,6 +21,8 @@ app.command()(tasks.submit)
 app.command()(tasks.status)
 app.command()(tasks.result)
 app.command()(tasks.cancel)
+app.command()(ops.agents)
+app.command()(ops.queues)
 app.add_typer(dlq_app, name="dlq")
 
 

@@ -53,6 +53,7 @@ local function fail_task(c, task_key, events_key, done_key, dlq_key, reason, err
   redis.call('HSET', task_key, 'state', 'failed', 'reason', reason, 'error', err or '',
     'finished_at', jint(now))
   local data = '{"reason":' .. jstr(reason) .. ',"error":' .. jstr(err) .. '}'
+  if reason == 'expired' then emit(c, task_key, events_key, 'expired', agent, now, data) end
   emit(c, task_key, events_key, 'failed', agent, now, data)
   emit(c, task_key, events_key, 'dead_lettered', agent, now, data)
   local flat = redis.call('HGETALL', task_key)
@@ -80,8 +81,15 @@ local function inbox_load(inbox)
 end
 
 -- The agent's token, checked against the hash stored at registration (the token itself is
--- never stored). Returns true when it matches.
-local function token_ok(tokens_key, agent, token)
+-- never stored). Returns true when it matches; a refusal is counted (field
+-- 'refused:<agent>' of the tokens hash) and, when a feed is given, recorded on it.
+local function token_ok(tokens_key, agent, token, c, what)
   local stored = redis.call('HGET', tokens_key, agent)
-  return stored and token ~= '' and stored == redis.sha1hex(token)
+  if stored and token ~= '' and stored == redis.sha1hex(token) then return true end
+  redis.call('HINCRBY', tokens_key, 'refused:' .. agent, 1)
+  if c and c.feed_maxlen > 0 then
+    redis.call('XADD', c.feed, 'MAXLEN', '~', c.feed_maxlen, '*', 'event',
+      '{"type":"token_refused","agent_id":' .. jstr(agent) .. ',"data":{"call":' .. jstr(what) .. '}}')
+  end
+  return false
 end

@@ -11,7 +11,7 @@
 -- session id, metadata, max attempts, task id.
 local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
 local inbox, agent = KEYS[1], ARGV[1]
-if not token_ok(KEYS[4], agent, ARGV[2]) then return {'REFUSED'} end
+if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'REFUSED'} end
 local n = (#KEYS - 4) / 3
 local now = now_ms()
 local out = {}

@@ -13,7 +13,7 @@
 -- status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = {feed = KEYS[4], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
 local inbox, agent = KEYS[1], ARGV[1]
-if not token_ok(KEYS[5], agent, ARGV[2]) then return {'REFUSED'} end
+if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'REFUSED'} end
 local n = (#KEYS - 5) / 3
 local now = now_ms()
 local statuses = {}

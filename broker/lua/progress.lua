@@ -5,7 +5,7 @@
 -- Returns 'ok', or why the report was refused: 'refused' (token), 'gone', 'canceled', 'stale'
 -- (a superseded attempt: its reports are dropped).
 local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[5]), chan = ARGV[6], ttl = 0}
-if not token_ok(KEYS[4], ARGV[1], ARGV[2]) then return 'refused' end
+if not token_ok(KEYS[4], ARGV[1], ARGV[2], c, 'progress') then return 'refused' end
 local f = redis.call('HMGET', KEYS[1], 'state', 'fence', 'agent_id')
 if not f[1] then return 'gone' end
 if f[1] == 'canceled' then return 'canceled' end

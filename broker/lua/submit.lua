@@ -1,9 +1,11 @@
 -- submit: create one or more tasks and make them ready, atomically.
--- KEYS[1] queue zset          KEYS[2] capability event feed    KEYS[3] intake stream
--- then for task i (0-based): KEYS[4+3i] task hash, KEYS[5+3i] task events, KEYS[6+3i] idempotency key
+-- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] intake stream
+-- KEYS[4] deadlines zset (when to look at a task with a deadline or a no-agent timeout)
+-- then for task i (0-based): KEYS[5+3i] task hash, KEYS[6+3i] task events, KEYS[7+3i] idempotency key
 -- ARGV[1] max queue depth     ARGV[2] aging ms                 ARGV[3] idempotency ttl ms
 -- ARGV[4] feed maxlen         ARGV[5] channel prefix ("<prefix>:")   ARGV[6] capability
--- then for task i: 14 fields from ARGV[7+14i]: task id, local id, payload, priority, session id,
+-- ARGV[7] no-agent timeout ms (0: off)
+-- then for task i: 14 fields from ARGV[8+14i]: task id, local id, payload, priority, session id,
 --   region, idempotency key, timeout ms, deadline ms (0: none), trace id, metadata JSON,
 --   max attempts, routing JSON, intake entry id (entries taken from the intake stream are
 --   acknowledged and deleted in the same step, so a crash never creates a task twice)
@@ -13,7 +15,8 @@ local c = {feed = KEYS[2], feed_maxlen = tonumber(ARGV[4]), chan = ARGV[5], ttl 
 local max_depth = tonumber(ARGV[1])
 local aging = tonumber(ARGV[2])
 local idem_ttl = tonumber(ARGV[3])
-local n = (#KEYS - 3) / 3
+local n = (#KEYS - 4) / 3
+local nat = tonumber(ARGV[7])
 
 local depth = redis.call('ZCARD', KEYS[1])
 if depth + n > max_depth then
@@ -23,8 +26,8 @@ end
 local now = now_ms()
 local out = {}
 for i = 0, n - 1 do
-  local task_key, events_key, idem_key = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
-  local a = 7 + 14 * i
+  local task_key, events_key, idem_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
+  local a = 8 + 14 * i
   local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
   local entry = ARGV[a + 13]
   local existing = false
@@ -51,6 +54,9 @@ for i = 0, n - 1 do
       'routing', ARGV[a + 12], 'state', 'queued', 'attempt', '0', 'fence', '0',
       'created_at', jint(now), 'queued_at', jint(now), 'seq', '0')
     redis.call('ZADD', KEYS[1], now - priority * aging, local_id)
+    local look = deadline_at
+    if nat > 0 and (look == 0 or now + nat < look) then look = now + nat end
+    if look > 0 then redis.call('ZADD', KEYS[4], look, local_id) end
     if idem ~= '' then
       redis.call('SET', idem_key, task_id, 'PX', idem_ttl)
     end

@@ -1,0 +1,59 @@
+-- expire: fail tasks whose deadline passed, wherever they are (queued, waiting for a retry,
+-- dispatched, running), and tasks no agent started within no_agent_timeout.
+-- KEYS[1] deadlines zset (local id -> when to look at it, ms)   KEYS[2] queue zset
+-- KEYS[3] delayed zset   KEYS[4] dead-letter stream   KEYS[5] capability event feed
+-- then for task i: KEYS[6+3i] task hash, KEYS[7+3i] task events, KEYS[8+3i] task done list
+-- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms
+-- ARGV[4] no_agent_timeout ms (0: off)   then ARGV[5+i] the local id of task i
+-- A running task's agent is told to stop (control channel) and the fence moves, so its late
+-- result is refused. Entries of tasks that ended meanwhile are dropped from the index.
+-- Returns {expired, no_agent, rescheduled}.
+local c = {feed = KEYS[5], feed_maxlen = tonumber(ARGV[1]), chan = ARGV[2], ttl = tonumber(ARGV[3])}
+local nat = tonumber(ARGV[4])
+local n = (#KEYS - 5) / 3
+local now = now_ms()
+local expired, no_agent, later = 0, 0, 0
+for i = 0, n - 1 do
+  local task_key, events_key, done_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
+  local local_id = ARGV[5 + i]
+  local f = redis.call('HMGET', task_key, 'state', 'deadline_at', 'created_at', 'attempt',
+    'agent_id', 'id')
+  local state = f[1]
+  local deadline = tonumber(f[2]) or 0
+  local not_started_by = 0
+  if nat > 0 and (tonumber(f[4]) or 0) == 0 then not_started_by = (tonumber(f[3]) or 0) + nat end
+  if not state or state == 'succeeded' or state == 'failed' or state == 'canceled' then
+    redis.call('ZREM', KEYS[1], local_id)
+  elseif deadline > 0 and now >= deadline then
+    redis.call('ZREM', KEYS[1], local_id)
+    redis.call('ZREM', KEYS[2], local_id)
+    redis.call('ZREM', KEYS[3], local_id)
+    redis.call('HINCRBY', task_key, 'fence', 1)
+    if (state == 'running' or state == 'dispatched') and f[5] and f[5] ~= '' then
+      redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. f[5], 'cancel ' .. f[6])
+    end
+    fail_task(c, task_key, events_key, done_key, KEYS[4], 'expired',
+      'deadline passed while ' .. state, f[5], now)
+    expired = expired + 1
+  elseif not_started_by > 0 and now >= not_started_by and (state == 'queued' or state == 'dispatched') then
+    redis.call('ZREM', KEYS[1], local_id)
+    redis.call('ZREM', KEYS[2], local_id)
+    redis.call('HINCRBY', task_key, 'fence', 1)
+    fail_task(c, task_key, events_key, done_key, KEYS[4], 'no_agent_timeout',
+      'no agent started the task within ' .. nat .. ' ms', f[5], now)
+    no_agent = no_agent + 1
+  else
+    local next_look = 0
+    if deadline > 0 then next_look = deadline end
+    if not_started_by > now and (next_look == 0 or not_started_by < next_look) then
+      next_look = not_started_by
+    end
+    if next_look > 0 then
+      redis.call('ZADD', KEYS[1], next_look, local_id)
+      later = later + 1
+    else
+      redis.call('ZREM', KEYS[1], local_id)
+    end
+  end
+end
+return {expired, no_agent, later}

@@ -1,0 +1,89 @@
+"""`reach agents` and `reach queues`: what the fleet and its queues look like right now."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from broker import connection
+from broker.cliutil import cli_errors
+from broker.ids import check_capability
+from broker.overview import agent_rows, queue_rows
+from reach_cli.common import ConfigOption, JsonOption, RedisUrlOption, console, load_settings, print_json
+
+_STATE_STYLE = {"healthy": "green", "warming": "cyan", "suspect": "yellow", "offline": "red",
+                "draining": "magenta", "not_ready": "yellow"}
+
+
+@cli_errors
+def agents(
+    capability: Annotated[str | None, typer.Option(help="Only agents serving this capability")] = None,
+    as_json: JsonOption = False,
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """List agents: state, region, version, in-flight/max, heartbeat age, backlog, success rate."""
+    if capability:
+        check_capability(capability)
+    settings = load_settings(config, redis_url)
+    client = connection.sync_client(settings)
+    try:
+        rows = agent_rows(client, settings, capability)
+    except connection.TRANSIENT_ERRORS as exc:
+        raise connection.unavailable(exc, settings) from exc
+    finally:
+        client.close()
+    if as_json:
+        print_json([row.as_dict() for row in rows])
+        return
+    table = Table(title=f"Agents ({len(rows)})")
+    for column in ("agent", "state", "capabilities", "region", "version", "inflight/max",
+                   "heartbeat", "backlog", "success", "p50 ms"):
+        table.add_column(column)
+    for row in rows:
+        style = _STATE_STYLE.get(row.state, "")
+        table.add_row(
+            row.agent_id, f"[{style}]{row.state}[/{style}]", ",".join(row.capabilities),
+            row.region or "-", row.version or "-", f"{row.inflight}/{row.max_concurrency}",
+            f"{row.last_heartbeat_age_s:.1f}s ago", str(row.backlog),
+            f"{row.success_rate:.1%}" if row.success_rate is not None else "-",
+            f"{row.latency_p50_ms:.0f}" if row.latency_p50_ms is not None else "-",
+        )
+    console.print(table)
+
+
+@cli_errors
+def queues(
+    capability: Annotated[str | None, typer.Option(help="Only this capability")] = None,
+    as_json: JsonOption = False,
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Per capability: queued, delayed, unread in inboxes, running, dead letters, oldest, agents."""
+    if capability:
+        check_capability(capability)
+    settings = load_settings(config, redis_url)
+    client = connection.sync_client(settings)
+    try:
+        rows = queue_rows(client, settings, capability)
+    except connection.TRANSIENT_ERRORS as exc:
+        raise connection.unavailable(exc, settings) from exc
+    finally:
+        client.close()
+    if as_json:
+        print_json([row.as_dict() for row in rows])
+        return
+    table = Table(title="Queues")
+    for column in ("capability", "queued", "limit", "delayed", "in inboxes", "running", "DLQ",
+                   "oldest", "agents (healthy)"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(
+            row.capability, str(row.queued), str(row.max_queue_depth), str(row.delayed),
+            str(row.unread_in_inboxes), str(row.running), str(row.dead_letters),
+            f"{row.oldest_queued_age_s:.1f}s" if row.oldest_queued_age_s is not None else "-",
+            f"{row.agents} ({row.healthy_agents})",
+        )
+    console.print(table)
