@@ -1,0 +1,112 @@
+-- dlq_replay: put dead-lettered tasks back on their capability's ready queue and take their
+-- entries off the dead-letter stream in the same step, so that a crash between two entries can
+-- neither lose one nor queue one twice. The task keeps its id, history and fencing token; it gets
+-- a fresh attempt count (unless asked to keep it), a `replayed` event and a `queued` event.
+-- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
+-- then for entry i (0-based): KEYS[4+3i] task hash, KEYS[5+3i] task events, KEYS[6+3i] task done list
+-- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] capability
+-- ARGV[5] max queue depth   ARGV[6] priority 0-9 ('' keeps each task's own)
+-- ARGV[7] '1' resets the attempt count, '0' keeps it
+-- then for entry i, 4 values from ARGV[8+4i]: dead-letter entry id, task id, local id, the
+--   entry's history as event JSON texts joined by newlines (used only to rebuild the task's
+--   event list when its record has expired; the entry's own `record` field rebuilds the record)
+-- A task whose record exists and is not `failed` (it was replayed or resubmitted meanwhile) is
+-- left alone and so is its entry; so is everything once the queue is full.
+-- Returns for each entry {status, detail}: 'replayed' (detail: priority), 'gone' (the entry is no
+-- longer in the stream), 'malformed' (a raw entry, no task to replay), 'mismatch' (the entry
+-- holds another task), 'active' (detail: the task's state), 'full' (detail: queue depth).
+local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[2]), chan = ARGV[3], ttl = 0}
+local dlq, queue = KEYS[1], KEYS[2]
+local aging, max_depth = tonumber(ARGV[1]), tonumber(ARGV[5])
+local reset = ARGV[7] == '1'
+local n = (#KEYS - 3) / 3
+local now = now_ms()
+local depth = redis.call('ZCARD', queue)
+local out = {}
+local replayed = 0
+
+local function rebuild(task_key, events_key, record_json, history)
+  local record = cjson.decode(record_json)
+  local flat = {}
+  for k, v in pairs(record) do
+    flat[#flat + 1] = k
+    flat[#flat + 1] = tostring(v)
+  end
+  if #flat > 0 then redis.call('HSET', task_key, unpack(flat)) end
+  local batch = {}
+  for ev in string.gmatch(history, '[^\n]+') do
+    batch[#batch + 1] = ev
+    if #batch == 500 then
+      redis.call('RPUSH', events_key, unpack(batch))
+      batch = {}
+    end
+  end
+  if #batch > 0 then redis.call('RPUSH', events_key, unpack(batch)) end
+end
+
+for i = 0, n - 1 do
+  local task_key, events_key, done_key = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
+  local a = 8 + 4 * i
+  local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
+  local found = redis.call('XRANGE', dlq, entry_id, entry_id)
+  local status, detail = nil, ''
+  local e = {}
+  if #found == 0 then
+    status = 'gone'
+  else
+    local flat = found[1][2]
+    for j = 1, #flat, 2 do e[flat[j]] = flat[j + 1] end
+    local state = redis.call('HGET', task_key, 'state')
+    if (e['task_id'] or '') == '' then
+      status = 'malformed'
+    elseif e['task_id'] ~= task_id then
+      status = 'mismatch'
+    elseif state and state ~= 'failed' then
+      status, detail = 'active', state
+    elseif depth >= max_depth then
+      status, detail = 'full', tostring(depth)
+    else
+      if not state then
+        -- The record expired with the result TTL: rebuild it and its events from the entry.
+        redis.call('DEL', task_key, events_key)
+        rebuild(task_key, events_key, e['record'] or '{}', history)
+      elseif redis.call('EXISTS', events_key) == 0 then
+        rebuild(task_key, events_key, '{}', history)
+      end
+      redis.call('PERSIST', task_key)
+      redis.call('PERSIST', events_key)
+      redis.call('DEL', done_key)
+      local f = redis.call('HMGET', task_key, 'priority', 'attempt', 'deadline_at', 'created_at')
+      local priority = tonumber(ARGV[6]) or tonumber(f[1]) or 5
+      -- A task with a deadline gets the same budget again, counted from now.
+      local deadline_at = tonumber(f[3]) or 0
+      if deadline_at > 0 then
+        local budget = deadline_at - (tonumber(f[4]) or deadline_at)
+        if budget > 0 then deadline_at = now + budget else deadline_at = 0 end
+      end
+      local replays = redis.call('HINCRBY', task_key, 'replays', 1)
+      redis.call('HDEL', task_key, 'agent_id', 'dispatched_at', 'started_at', 'finished_at',
+        'accepted_by', 'result', 'exec_ms', 'reason', 'error')
+      redis.call('HSET', task_key, 'state', 'queued', 'queued_at', jint(now),
+        'priority', jint(priority), 'deadline_at', jint(deadline_at))
+      if reset then redis.call('HSET', task_key, 'attempt', '0') end
+      emit(c, task_key, events_key, 'replayed', nil, now,
+        '{"dlq_entry":' .. jstr(entry_id) .. ',"replay":' .. jint(replays) ..
+        ',"previous_reason":' .. jstr(e['reason']) .. ',"previous_error":' .. jstr(e['error']) ..
+        ',"previous_attempts":' .. jint(f[2]) .. ',"attempts_reset":' .. tostring(reset) ..
+        ',"priority":' .. jint(priority) .. '}')
+      emit(c, task_key, events_key, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
+      redis.call('ZADD', queue, now - priority * aging, local_id)
+      redis.call('XDEL', dlq, entry_id)
+      depth = depth + 1
+      replayed = replayed + 1
+      status, detail = 'replayed', jint(priority)
+    end
+  end
+  out[#out + 1] = status
+  out[#out + 1] = detail
+end
+if replayed > 0 then
+  redis.call('PUBLISH', ARGV[3] .. 'wake', 'task ' .. ARGV[4])
+end
+return out

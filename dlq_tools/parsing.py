@@ -1,0 +1,127 @@
+"""What operators type, parsed: dead-letter addresses, durations and times, reasons (pure).
+
+A dead letter is addressed by its task id (`summarize:01J...`) or, for any entry and the only
+way for malformed ones (which have no task), by `<capability>/<stream entry id>`
+(`summarize/1712345678901-0`). Durations are `500ms`, `30s`, `15m`, `2h`, `7d`, `1w` or sums
+of those (`1h30m`); a point in time is such a duration back from now, or an ISO 8601 time.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from broker.errors import BadInput, InvalidTaskId
+from broker.ids import check_capability, split_task_id
+from broker.models import FailureReason
+
+_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
+_DURATION_RE = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+$")
+_ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}$")
+REASONS = tuple(r.value for r in FailureReason)
+MAX_DURATION_MS = 100 * 365 * 86_400_000
+
+
+@dataclass(frozen=True, slots=True)
+class Ref:
+    """Where one dead letter is: its capability and its task id or its stream entry id."""
+
+    capability: str
+    task_id: str | None = None
+    entry_id: str | None = None
+
+    def __str__(self) -> str:
+        return self.task_id if self.task_id else f"{self.capability}/{self.entry_id}"
+
+
+def parse_ref(text: str) -> Ref:
+    """A task id or `<capability>/<entry id>`; BadInput says what a valid one looks like."""
+    if "/" in text:
+        capability, _, entry_id = text.partition("/")
+        try:
+            check_capability(capability)
+        except BadInput:
+            raise BadInput(
+                f"invalid dead-letter id {text!r}: {capability!r} is not a capability name"
+            ) from None
+        if not _ENTRY_ID_RE.match(entry_id):
+            raise BadInput(
+                f"invalid dead-letter id {text!r}: expected '<capability>/<ms>-<seq>' "
+                "(a stream entry id, as `reach dlq list` shows it)"
+            )
+        return Ref(capability, entry_id=entry_id)
+    try:
+        capability, _ = split_task_id(text)
+    except InvalidTaskId:
+        raise BadInput(
+            f"invalid dead-letter id {text!r}: expected a task id '<capability>:<26-char id>' "
+            "or '<capability>/<stream entry id>'"
+        ) from None
+    return Ref(capability, task_id=text)
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    """A stream entry id as a sortable pair."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def parse_duration_ms(text: str) -> int:
+    """`90s`, `15m`, `2h`, `7d`, `1h30m` ... as milliseconds."""
+    compact = text.strip().lower().replace(" ", "")
+    if not _DURATION_RE.match(compact):
+        raise BadInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d or 1h30m")
+    total = sum(float(n) * _UNITS_MS[unit] for n, unit in _PART_RE.findall(compact))
+    if total <= 0 or total > MAX_DURATION_MS:
+        raise BadInput(f"invalid duration {text!r}: must be more than 0 and at most 100 years")
+    return round(total)
+
+
+def parse_time_ms(text: str, now_ms: int) -> int:
+    """A duration back from `now_ms`, or an ISO 8601 time (UTC when it names no offset)."""
+    try:
+        return now_ms - parse_duration_ms(text)
+    except BadInput:
+        pass
+    try:
+        moment = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise BadInput(
+            f"invalid time {text!r}: use a duration back from now (30m, 2h, 7d) or an ISO 8601 "
+            "time (2024-05-01T12:00:00Z)"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def check_reason(text: str) -> str:
+    if text not in REASONS:
+        raise BadInput(f"invalid reason {text!r}: use one of {', '.join(REASONS)}")
+    return text
+
+
+def iso_ms(ms: int | None) -> str | None:
+    """Milliseconds since the epoch as ISO 8601 UTC text (None for none)."""
+    if not ms:
+        return None
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
+
+
+def human_age(ms: int) -> str:
+    """A short age for tables: 42s, 7m, 3h, 12d."""
+    seconds = max(0, ms) // 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def one_line(text: str | None, width: int) -> str:
+    """A message on one line, cut to `width` characters with an ellipsis."""
+    if not text:
+        return ""
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: max(1, width - 1)] + "…"
