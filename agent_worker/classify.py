@@ -15,11 +15,19 @@ from broker.models import Outcome
 from broker.settings import Settings
 
 
+# Client libraries define their own network errors (redis.exceptions.ConnectionError,
+# httpx.ConnectTimeout, ...) that do not derive from the builtins; they are just as transient.
+_TRANSIENT_NAMES = frozenset({"ConnectionError", "TimeoutError", "Timeout", "ConnectTimeout",
+                              "ReadTimeout", "ConnectError"})
+
+
 def classify(exc: BaseException, *, retry_failures: bool = False) -> Outcome:
     """The outcome of an attempt that raised `exc` (DESIGN.md's worker-side mapping)."""
     if isinstance(exc, InvalidRequest | ValidationError):
         return Outcome.INVALID_REQUEST
-    if isinstance(exc, Retryable | TimeoutError | ConnectionError):
+    if isinstance(exc, Retryable | TimeoutError | ConnectionError) or any(
+        cls.__name__ in _TRANSIENT_NAMES for cls in type(exc).__mro__
+    ):
         return Outcome.RETRYABLE_FAILURE
     return Outcome.RETRYABLE_FAILURE if retry_failures else Outcome.FAILURE
 

@@ -108,3 +108,34 @@ async def bad_result(ctx: TaskContext, payload: Any) -> Any:
 
 async def set_result(ctx: TaskContext, payload: Any) -> Any:
     return {1, 2, 3}
+
+
+async def watch_cancel(ctx: TaskContext, payload: Any) -> Any:
+    """Runs until canceled (or payload["s"] seconds); records what it saw."""
+    key = f"{os.environ['REACH_PREFIX']}:test:cancel"
+    _redis().hset(key, ctx.task_id, "started")
+    try:
+        deadline = time.monotonic() + float(payload.get("s", 30))
+        while time.monotonic() < deadline and not ctx.cancelled:
+            await asyncio.sleep(0.02)
+        _redis().hset(key, ctx.task_id, "saw-cancel" if ctx.cancelled else "finished")
+    except asyncio.CancelledError:
+        _redis().hset(key, ctx.task_id, "cancelled")
+        raise
+    return {"finished": True}
+
+
+async def concurrency_probe(ctx: TaskContext, payload: Any) -> Any:
+    """Records the highest number of tasks this agent ran at once."""
+    prefix = os.environ["REACH_PREFIX"]
+    agent = os.environ.get("REACH_TEST_AGENT", "agent")
+    now = _redis().hincrby(f"{prefix}:test:now", agent, 1)
+    _redis().eval("if tonumber(ARGV[1]) > tonumber(redis.call('HGET', KEYS[1], ARGV[2]) or '0') "
+                  "then redis.call('HSET', KEYS[1], ARGV[2], ARGV[1]) end", 1,
+                  f"{prefix}:test:max", now, agent)
+    try:
+        count_run(str(payload["n"]))
+        await asyncio.sleep(float(payload.get("s", 0.05)))
+    finally:
+        _redis().hincrby(f"{prefix}:test:now", agent, -1)
+    return {"n": payload["n"]}

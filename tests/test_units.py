@@ -93,6 +93,8 @@ def test_redacted_url_hides_the_password() -> None:
     (TimeoutError(), Outcome.RETRYABLE_FAILURE),
     (ConnectionError(), Outcome.RETRYABLE_FAILURE),
     (RuntimeError("x"), Outcome.FAILURE),
+    (__import__("redis").exceptions.ConnectionError("x"), Outcome.RETRYABLE_FAILURE),
+    (__import__("redis").exceptions.TimeoutError("x"), Outcome.RETRYABLE_FAILURE),
     (KeyError("x"), Outcome.FAILURE),
 ])
 def test_classification(exc: BaseException, outcome: Outcome) -> None:

@@ -1,0 +1,397 @@
+"""A task succeeds or fails visibly: never lost, never hanging, never taking effect twice.
+
+Real worker and dispatcher processes, real signals, real Redis restarts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+
+from broker import ReachClient, Settings, TaskCanceled, TaskFailed
+from broker.keys import CapabilityKeys
+from broker.models import TaskEvent
+from tests.conftest import Fleet, wait_until
+from tests.handlers import runs
+
+
+def events_of(client: ReachClient, task_id: str) -> list[TaskEvent]:
+    return list(client.events(task_id, timeout=60))
+
+
+def types_of(client: ReachClient, task_id: str) -> list[str]:
+    return [e.type for e in events_of(client, task_id)]
+
+
+def all_events(client: ReachClient, task_id: str) -> list[TaskEvent]:
+    """Every event on the task's stream, including those after the terminal one (events()
+    stops at the terminal event)."""
+    ck = CapabilityKeys(client.settings.prefix, task_id.split(":")[0])
+    raw = redis.Redis.from_url(client.settings.redis_url, decode_responses=True)
+    try:
+        return [TaskEvent.from_json(t) for t in raw.lrange(ck.task_events(task_id.split(":")[1]), 0, -1)]
+    finally:
+        raw.close()
+
+
+def wait_state(client: ReachClient, task_id: str, *states: str, timeout: float = 30) -> Any:
+    return wait_until(lambda: client.status(task_id) if client.status(task_id).state in states else None,
+                      timeout, message=f"{task_id} in {states}")
+
+
+def terminal_count(types: list[str]) -> int:
+    return sum(t in ("succeeded", "dead_lettered", "canceled") for t in types)
+
+
+# -- crashes and leases ----------------------------------------------------------------------
+
+
+def test_sigkill_mid_task_another_worker_finishes_it_once(client: ReachClient, fleet: Fleet,
+                                                          r: redis.Redis, prefix: str) -> None:
+    fleet.dispatcher()
+    first = fleet.worker("crash", handler="tests.handlers:sleepy")
+    handle = client.submit("crash", {"n": "t", "s": 2})
+    wait_state(client, handle.task_id, "running")
+    assert client.status(handle.task_id).agent_id == first.agent_id
+    first.kill()
+    second = fleet.worker("crash", handler="tests.handlers:sleepy")
+    assert handle.result(timeout=60) == {"slept": 2, "attempt": 2}
+    status = client.status(handle.task_id)
+    assert status.agent_id == second.agent_id and status.attempt == 2
+    types = types_of(client, handle.task_id)
+    assert "reclaimed" in types and terminal_count(types) == 1
+    assert types.count("succeeded") == 1
+    assert runs(r, prefix) == {"t": 2}  # ran twice (the first was cut short), took effect once
+
+
+def test_sigstop_beyond_the_lease_then_sigcont_late_result_rejected(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    fleet.dispatcher()
+    frozen = fleet.worker("freeze", handler="tests.handlers:sleepy_sync")
+    handle = client.submit("freeze", {"n": "t", "s": 1.5})
+    wait_state(client, handle.task_id, "running")
+    frozen.signal(signal.SIGSTOP)
+    try:
+        rescuer = fleet.worker("freeze", handler="tests.handlers:sleepy_sync")
+        assert handle.result(timeout=60) == {"slept": 1.5}
+        assert client.status(handle.task_id).agent_id == rescuer.agent_id
+    finally:
+        frozen.signal(signal.SIGCONT)
+    # The thawed worker finishes its (superseded) attempt and reports it: refused and recorded.
+    late = wait_until(lambda: [e for e in all_events(client, handle.task_id)
+                               if e.type == "late_result_rejected"], timeout=30,
+                      message="late_result_rejected")
+    assert late[0].agent_id == frozen.agent_id
+    assert [e.type for e in all_events(client, handle.task_id)].count("succeeded") == 1
+    assert client.result(handle.task_id, timeout=1) == {"slept": 1.5}
+
+
+def test_long_task_keeps_its_lease_through_many_renewals(make_settings: Any, fleet: Fleet) -> None:
+    settings = make_settings(lease_ms=600)  # renewed every 200 ms; the task takes 3 s
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        fleet.worker("long", handler="tests.handlers:sleepy", settings=settings)
+        handle = client.submit("long", {"n": 1, "s": 3})
+        assert handle.result(timeout=60) == {"slept": 3, "attempt": 1}
+        types = types_of(client, handle.task_id)
+        assert "reclaimed" not in types and client.status(handle.task_id).attempt == 1
+
+
+# -- retries ---------------------------------------------------------------------------------
+
+
+def test_flaky_handler_succeeds_on_attempt_two(client: ReachClient, fleet: Fleet, r: redis.Redis,
+                                               prefix: str) -> None:
+    fleet.dispatcher()
+    fleet.worker("flaky", handler="tests.handlers:flaky")
+    handle = client.submit("flaky", {"n": 1, "succeed_on": 2})
+    assert handle.result(timeout=30) == {"attempt": 2}
+    types = types_of(client, handle.task_id)
+    assert types.count("accepted") == 2 and types.count("retry_scheduled") == 1
+    assert runs(r, prefix) == {"1": 2}
+
+
+def test_always_retryable_ends_in_the_dlq_after_three_attempts_with_backoff(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    settings = client.settings
+    fleet.dispatcher()
+    fleet.worker("retry", handler="tests.handlers:always_retryable")
+    handle = client.submit("retry", {"n": 1})
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=60)
+    assert failed.value.reason == "retries_exhausted" and "rate limit" in (failed.value.error or "")
+    events = events_of(client, handle.task_id)
+    assert [e.type for e in events].count("accepted") == 3
+    scheduled = [e for e in events if e.type == "retry_scheduled"]
+    assert len(scheduled) == 2
+    for n, event in enumerate(scheduled, start=1):
+        base = min(settings.backoff_base_ms * 2 ** (n - 1), settings.backoff_max_ms)
+        delay = event.data["delay_ms"]
+        assert base <= delay <= base + settings.backoff_jitter_ms
+        next_accept = next(e for e in events if e.type == "accepted" and e.seq > event.seq)
+        gap_ms = (next_accept.time - event.time).total_seconds() * 1000
+        assert delay - 2 <= gap_ms <= delay + 1500, (n, delay, gap_ms)
+    assert runs(r, prefix) == {"1": 3}
+    dlq = r.xrange(CapabilityKeys(prefix, "retry").dlq)
+    assert len(dlq) == 1 and dlq[0][1]["reason"] == "retries_exhausted"
+    assert dlq[0][1]["attempts"] == "3"
+    history = json.loads(dlq[0][1]["history"])
+    assert [e["attempt"] for e in history if e["type"] == "accepted"] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("handler, reason", [("invalid", "invalid_request"), ("boom", "failure"),
+                                             ("bad_result", "bad_result"), ("set_result", "bad_result")])
+def test_terminal_failures_are_never_retried(client: ReachClient, fleet: Fleet, r: redis.Redis,
+                                             prefix: str, handler: str, reason: str) -> None:
+    fleet.dispatcher()
+    fleet.worker("term", handler=f"tests.handlers:{handler}")
+    handle = client.submit("term", {"n": 1})
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=30)
+    assert failed.value.reason == reason
+    types = types_of(client, handle.task_id)
+    assert types.count("accepted") == 1 and "retry_scheduled" not in types
+    assert types[-2:] == ["failed", "dead_lettered"]
+    assert r.xlen(CapabilityKeys(prefix, "term").dlq) == 1
+
+
+def test_per_task_max_attempts(client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str) -> None:
+    fleet.dispatcher()
+    fleet.worker("retry5", handler="tests.handlers:always_retryable")
+    handle = client.submit("retry5", {"n": 1}, max_attempts=5)
+    with pytest.raises(TaskFailed):
+        handle.result(timeout=60)
+    assert runs(r, prefix) == {"1": 5}
+
+
+def test_retry_avoids_the_agent_that_just_failed(make_settings: Any, fleet: Fleet) -> None:
+    settings = make_settings()
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        a = fleet.worker("avoid", handler="tests.handlers:flaky", settings=settings)
+        b = fleet.worker("avoid", handler="tests.handlers:flaky", settings=settings)
+        handles = client.submit_many("avoid", [{"n": i, "succeed_on": 2} for i in range(20)])
+        for h in handles:
+            h.result(timeout=60)
+        moved = 0
+        for h in handles:
+            accepts = [e.agent_id for e in events_of(client, h.task_id) if e.type == "accepted"]
+            assert len(accepts) == 2
+            moved += accepts[0] != accepts[1]
+        assert {a.agent_id, b.agent_id} >= {client.status(h.task_id).agent_id for h in handles}
+        assert moved >= 18, f"only {moved} of 20 retries went to the other agent"
+
+
+# -- timeouts, deadlines, cancel -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("handler", ["sleepy", "sleepy_sync"])
+def test_execution_timeout_is_retryable_and_ends_in_the_dlq(
+    client: ReachClient, fleet: Fleet, handler: str
+) -> None:
+    fleet.dispatcher()
+    fleet.worker("slow", handler=f"tests.handlers:{handler}")
+    handle = client.submit("slow", {"s": 1.0}, timeout_s=0.2, max_attempts=2)
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=60)
+    assert failed.value.reason == "retries_exhausted"
+    assert "execution timeout" in (failed.value.error or "")
+    types = types_of(client, handle.task_id)
+    assert types.count("accepted") == 2 and types.count("succeeded") == 0
+
+
+def test_deadline_expires_a_queued_task(client: ReachClient, fleet: Fleet) -> None:
+    fleet.dispatcher()
+    handle = client.submit("nobody", {"n": 1}, deadline_s=0.3)
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=30)
+    assert failed.value.reason == "expired" and "queued" in (failed.value.error or "")
+    assert "expired" in types_of(client, handle.task_id)
+
+
+def test_deadline_expires_a_task_waiting_for_its_retry(make_settings: Any, fleet: Fleet) -> None:
+    settings = make_settings(backoff_base_ms=20000, backoff_max_ms=20000)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        fleet.worker("late", handler="tests.handlers:always_retryable", settings=settings)
+        handle = client.submit("late", {"n": 1}, deadline_s=1.5)
+        wait_state(client, handle.task_id, "retrying")
+        with pytest.raises(TaskFailed) as failed:
+            handle.result(timeout=30)
+        assert failed.value.reason == "expired" and "retrying" in (failed.value.error or "")
+
+
+def test_deadline_expires_a_dispatched_task(client: ReachClient, fleet: Fleet) -> None:
+    fleet.dispatcher()
+    fleet.worker("busy", handler="tests.handlers:sleepy", concurrency=1)
+    blocker = client.submit("busy", {"n": "blocker", "s": 5})
+    wait_state(client, blocker.task_id, "running")
+    waiting = client.submit("busy", {"n": "waiting", "s": 0.1}, deadline_s=1.0)
+    wait_state(client, waiting.task_id, "dispatched", "failed")
+    with pytest.raises(TaskFailed) as failed:
+        waiting.result(timeout=30)
+    assert failed.value.reason == "expired"
+    assert blocker.result(timeout=30)["slept"] == 5
+
+
+def test_deadline_expires_a_running_task_and_its_late_result_is_refused(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    fleet.dispatcher()
+    fleet.worker("run", handler="tests.handlers:sleepy_sync")
+    handle = client.submit("run", {"n": 1, "s": 2.5}, deadline_s=1.0)
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=30)
+    assert failed.value.reason == "expired" and "running" in (failed.value.error or "")
+    wait_until(lambda: "late_result_rejected" in [e.type for e in all_events(client, handle.task_id)],
+               timeout=30, message="the late result refused")
+    assert client.status(handle.task_id).state == "failed"
+
+
+def test_no_agent_timeout(make_settings: Any, fleet: Fleet) -> None:
+    settings = make_settings(no_agent_timeout_ms=500)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        handle = client.submit("orphan", {"n": 1})
+        with pytest.raises(TaskFailed) as failed:
+            handle.result(timeout=30)
+        assert failed.value.reason == "no_agent_timeout"
+
+
+def test_cancel_a_running_task_signals_it_and_discards_the_result(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    fleet.dispatcher()
+    fleet.worker("watch", handler="tests.handlers:watch_cancel")
+    handle = client.submit("watch", {"s": 30})
+    wait_until(lambda: r.hget(f"{prefix}:test:cancel", handle.task_id) == "started",
+               message="handler started")
+    assert client.cancel(handle.task_id) is True
+    wait_until(lambda: r.hget(f"{prefix}:test:cancel", handle.task_id) in ("saw-cancel", "cancelled"),
+               timeout=10, message="the handler saw the cancel")
+    with pytest.raises(TaskCanceled):
+        handle.result(timeout=5)
+    assert client.status(handle.task_id).state == "canceled"
+    types = types_of(client, handle.task_id)
+    assert "succeeded" not in types and terminal_count(types) == 1
+
+
+# -- dispatchers and Redis restarts ----------------------------------------------------------
+
+
+def _all_done_once(client: ReachClient, r: redis.Redis, prefix: str, handles: list[Any]) -> None:
+    for h in handles:
+        h.result(timeout=90)
+    counts = runs(r, prefix)
+    assert len(counts) == len(handles) and set(counts.values()) == {1}
+
+
+def test_kill_9_the_dispatcher_mid_run_and_restart(client: ReachClient, fleet: Fleet,
+                                                   r: redis.Redis, prefix: str) -> None:
+    dispatcher = fleet.dispatcher()
+    fleet.worker("kd", handler="tests.handlers:concurrency_probe", concurrency=8)
+    handles = client.submit_many("kd", [{"n": i, "s": 0.01} for i in range(600)])
+    wait_until(lambda: len(runs(r, prefix)) > 100, message="some tasks ran")
+    dispatcher.kill()
+    fleet.dispatcher()
+    _all_done_once(client, r, prefix, handles)
+
+
+def test_two_dispatchers_deliver_each_task_once(client: ReachClient, fleet: Fleet, r: redis.Redis,
+                                                prefix: str) -> None:
+    fleet.dispatcher()
+    fleet.dispatcher()
+    fleet.worker("two", handler="tests.handlers:record", concurrency=8)
+    fleet.worker("two", handler="tests.handlers:record", concurrency=8)
+    handles = client.submit_many("two", [{"n": i} for i in range(1000)])
+    _all_done_once(client, r, prefix, handles)
+
+
+def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path: Any) -> None:
+    import secrets
+    from pathlib import Path
+
+    from broker.embedded import EmbeddedRedis
+    from tests.conftest import FAST
+
+    server = EmbeddedRedis(appendonly=True).start()
+    prefix = f"aof{secrets.token_hex(3)}"
+    settings = Settings.load(redis_url=server.url, prefix=prefix, **FAST)
+    fleet = Fleet(settings, Path(str(tmp_path)))
+    try:
+        fleet.dispatcher()
+        fleet.worker("aof", handler="tests.handlers:concurrency_probe", concurrency=8)
+        fleet.worker("aof", handler="tests.handlers:concurrency_probe", concurrency=8)
+        with ReachClient(settings) as client:
+            handles = client.submit_many("aof", [{"n": i, "s": 0.02} for i in range(400)])
+            r = redis.Redis.from_url(server.url, decode_responses=True)
+            wait_until(lambda: len(runs(r, prefix)) > 50, message="some tasks ran")
+            server.kill()
+            server.start()
+            for h in handles:
+                h.result(timeout=120)
+            for h in handles:
+                types = types_of(client, h.task_id)
+                assert types.count("succeeded") == 1 and terminal_count(types) == 1
+            counts = runs(r, prefix)
+            assert len(counts) == 400
+            # A task whose reply was lost in the crash may have run again (at-least-once); the
+            # fence kept its result to one.
+            assert sum(v > 1 for v in counts.values()) <= 16
+        assert all(p.popen.poll() is None for p in fleet.procs)
+    finally:
+        fleet.stop_all()
+        server.stop()
+
+
+# -- chaos -----------------------------------------------------------------------------------
+
+
+def test_killing_random_workers_while_5000_tasks_flow(make_settings: Any, fleet: Fleet,
+                                                      r: redis.Redis, prefix: str, redis_url: str) -> None:
+    if "6379" in redis_url:
+        pytest.skip("the chaos load test runs once per session, on the embedded Redis")
+    import random
+
+    settings = make_settings(lease_ms=1500, suspect_after_ms=1000, offline_after_ms=2000)
+    rng = random.Random(5)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        fleet.dispatcher(settings=settings)
+        workers = [fleet.worker("chaos", handler="tests.handlers:concurrency_probe", concurrency=8,
+                                settings=settings) for _ in range(3)]
+        handles = client.submit_many("chaos", [{"n": i, "s": 0.01} for i in range(5000)])
+        done = 0
+        kills = 0
+        deadline = time.monotonic() + 240
+        while done < len(handles) and time.monotonic() < deadline:
+            time.sleep(1.5)  # the chaos interval itself, not a wait for a condition
+            victim = rng.choice([w for w in workers if w.popen.poll() is None])
+            victim.kill()
+            kills += 1
+            workers.remove(victim)
+            workers.append(fleet.worker("chaos", handler="tests.handlers:concurrency_probe",
+                                        concurrency=8, settings=settings, wait=False))
+            done = sum(1 for h in handles if client.status(h.task_id).state in ("succeeded", "failed"))
+        assert kills >= 3
+        outcomes: Counter[str] = Counter()
+        for h in handles:
+            try:
+                h.result(timeout=120)
+                outcomes["succeeded"] += 1
+            except TaskFailed as exc:
+                outcomes[exc.reason] += 1
+        assert sum(outcomes.values()) == 5000
+        dlq = r.xrange(CapabilityKeys(prefix, "chaos").dlq)
+        assert len(dlq) == len({e[1]["task_id"] for e in dlq}) == 5000 - outcomes["succeeded"]
+        for h in rng.sample(handles, 300):
+            assert terminal_count(types_of(client, h.task_id)) == 1
+        assert set(runs(r, prefix)) == {str(i) for i in range(5000)}
