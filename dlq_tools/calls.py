@@ -82,7 +82,7 @@ def replay_call(
     reset_attempts: bool,
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.dlq, ck.queue, ck.events]
+    keys = [ck.dlq, ck.queue, ck.events, ck.deadlines]
     args: list[str | int | float] = [
         settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":", capability,
         settings.max_queue_depth, "" if priority is None else priority, "1" if reset_attempts else "0",

@@ -3,7 +3,8 @@
 -- neither lose one nor queue one twice. The task keeps its id, history and fencing token; it gets
 -- a fresh attempt count (unless asked to keep it), a `replayed` event and a `queued` event.
 -- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
--- then for entry i (0-based): KEYS[4+3i] task hash, KEYS[5+3i] task events, KEYS[6+3i] task done list
+-- KEYS[4] deadlines zset (when expire.lua looks at a task)
+-- then for entry i (0-based): KEYS[5+3i] task hash, KEYS[6+3i] task events, KEYS[7+3i] task done list
 -- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] capability
 -- ARGV[5] max queue depth   ARGV[6] priority 0-9 ('' keeps each task's own)
 -- ARGV[7] '1' resets the attempt count, '0' keeps it
@@ -11,7 +12,10 @@
 --   entry's history as event JSON texts joined by newlines (used only to rebuild the task's
 --   event list when its record has expired; the entry's own `record` field rebuilds the record)
 -- A task whose record exists and is not `failed` (it was replayed or resubmitted meanwhile) is
--- left alone and so is its entry; so is everything once the queue is full.
+-- left alone and so is its entry; so is everything once the queue is full. A task with a
+-- deadline gets the same budget again, counted from the replay, and is indexed for expire.lua
+-- at that deadline; any other index entry is dropped (the no-agent timeout, which counts from
+-- creation, would fail a replayed task at once).
 -- Returns for each entry {status, detail}: 'replayed' (detail: priority), 'gone' (the entry is no
 -- longer in the stream), 'malformed' (a raw entry, no task to replay), 'mismatch' (the entry
 -- holds another task), 'active' (detail: the task's state), 'full' (detail: queue depth).
@@ -19,7 +23,7 @@ local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[2]), chan = ARGV[3], ttl 
 local dlq, queue = KEYS[1], KEYS[2]
 local aging, max_depth = tonumber(ARGV[1]), tonumber(ARGV[5])
 local reset = ARGV[7] == '1'
-local n = (#KEYS - 3) / 3
+local n = (#KEYS - 4) / 3
 local now = now_ms()
 local depth = redis.call('ZCARD', queue)
 local out = {}
@@ -45,7 +49,7 @@ local function rebuild(task_key, events_key, record_json, history)
 end
 
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[4 + 3 * i], KEYS[5 + 3 * i], KEYS[6 + 3 * i]
+  local task_key, events_key, done_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
   local a = 8 + 4 * i
   local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local found = redis.call('XRANGE', dlq, entry_id, entry_id)
@@ -78,7 +82,6 @@ for i = 0, n - 1 do
       redis.call('DEL', done_key)
       local f = redis.call('HMGET', task_key, 'priority', 'attempt', 'deadline_at', 'created_at')
       local priority = tonumber(ARGV[6]) or tonumber(f[1]) or 5
-      -- A task with a deadline gets the same budget again, counted from now.
       local deadline_at = tonumber(f[3]) or 0
       if deadline_at > 0 then
         local budget = deadline_at - (tonumber(f[4]) or deadline_at)
@@ -97,6 +100,11 @@ for i = 0, n - 1 do
         ',"priority":' .. jint(priority) .. '}')
       emit(c, task_key, events_key, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
       redis.call('ZADD', queue, now - priority * aging, local_id)
+      if deadline_at > 0 then
+        redis.call('ZADD', KEYS[4], deadline_at, local_id)
+      else
+        redis.call('ZREM', KEYS[4], local_id)
+      end
       redis.call('XDEL', dlq, entry_id)
       depth = depth + 1
       replayed = replayed + 1
