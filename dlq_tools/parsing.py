@@ -110,6 +110,13 @@ def iso_ms(ms: int | None) -> str | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC).isoformat(timespec="milliseconds")
 
 
+def short_time(ms: int | None) -> str:
+    """UTC time for tables: 2024-05-01 12:00:00 (or '-')."""
+    if not ms:
+        return "-"
+    return datetime.fromtimestamp(ms / 1000, tz=UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
 def human_age(ms: int) -> str:
     """A short age for tables: 42s, 7m, 3h, 12d."""
     seconds = max(0, ms) // 1000

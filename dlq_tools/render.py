@@ -10,23 +10,35 @@ from rich.table import Table
 
 from dlq_tools.history import Attempt
 from dlq_tools.models import DeadLetter, DeadLetterDetail, Report
-from dlq_tools.parsing import human_age, iso_ms, one_line
+from dlq_tools.parsing import human_age, iso_ms, one_line, short_time
 from dlq_tools.stats import Stats
 
 PAYLOAD_PREVIEW_CHARS = 2000
 REPORT_ITEMS_SHOWN = 50
 
 
-def letters_table(console: Console, items: list[DeadLetter], now_ms: int) -> None:
-    table = Table(show_edge=False, pad_edge=False, header_style="bold")
-    for name in ("id", "capability", "reason", "attempts", "last error", "age", "last agent"):
-        table.add_column(name, no_wrap=name in ("id", "age"),
-                         justify="right" if name in ("attempts", "age") else "left")
-    for d in items:
-        table.add_row(escape(d.ref), escape(d.capability), d.reason, str(d.attempts),
-                      escape(one_line(d.error, 60)), human_age(now_ms - d.dead_at_ms),
-                      escape(d.last_agent_id or "-"))
+def _table(console: Console, headers: list[str], rows: list[list[str]], right: set[str],
+           title: str | None = None) -> None:
+    """A table whose last column (a message) is cut to what the console has room for."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
+    room = max(12, console.width - sum(widths) - 3 * len(widths) - 1)
+    table = Table(show_edge=False, pad_edge=False, header_style="bold", title=title,
+                  title_justify="left")
+    for h in headers:
+        table.add_column(h, no_wrap=True, overflow="ellipsis", justify="right" if h in right else "left")
+    for row in rows:
+        table.add_row(*(escape(c) for c in row[:-1]), escape(one_line(row[-1], room)))
     console.print(table)
+
+
+def letters_table(console: Console, items: list[DeadLetter], now_ms: int) -> None:
+    # The id starts with the capability: on a narrow console the capability column goes first.
+    wide = console.width >= 120
+    rows = [[d.ref, *([d.capability] if wide else []), d.reason, str(d.attempts),
+             human_age(now_ms - d.dead_at_ms), d.last_agent_id or "-", d.error or ""] for d in items]
+    headers = ["id", *(["capability"] if wide else []), "reason", "attempts", "age", "last agent",
+               "last error"]
+    _table(console, headers, rows, {"attempts", "age"})
 
 
 def detail(console: Console, d: DeadLetterDetail, now_ms: int, full: bool) -> None:
@@ -36,7 +48,6 @@ def detail(console: Console, d: DeadLetterDetail, now_ms: int, full: bool) -> No
         ("entry", letter.entry),
         ("capability", letter.capability),
         ("reason", letter.reason),
-        ("error", letter.error or ""),
         ("attempts", str(letter.attempts)),
         ("last agent", letter.last_agent_id or "-"),
         ("dead at", f"{iso_ms(letter.dead_at_ms)} ({human_age(now_ms - letter.dead_at_ms)} ago)"),
@@ -47,10 +58,15 @@ def detail(console: Console, d: DeadLetterDetail, now_ms: int, full: bool) -> No
     if letter.imported_from:
         rows.append(("imported from", letter.imported_from))
     for key, value in d.envelope().items():
-        if value not in (None, "", 0) or key == "priority":
+        if value not in (None, "", 0) or (key == "priority" and value is not None):
             rows.append((key.replace("_", " "), value if isinstance(value, str) else json.dumps(value)))
+    error_lines = (letter.error or "-").splitlines() or ["-"]
+    rows.insert(4, ("error", error_lines[0]))
     for key, value in rows:
-        console.print(f"[bold]{key:>14}[/bold]  {escape(str(value))}")
+        console.print(f"[bold]{key:>14}[/bold]  {escape(str(value))}", soft_wrap=True)
+        if key == "error":
+            for line in error_lines[1:]:
+                console.print(" " * 16 + escape(line), soft_wrap=True)
     console.print("[bold]payload[/bold]" if d.payload_text is not None else "[bold]raw fields[/bold]")
     body = d.payload() if d.payload_text is not None else d.raw
     text = json.dumps(body, indent=2, ensure_ascii=False)
@@ -65,48 +81,43 @@ def attempts_table(console: Console, attempts: list[Attempt]) -> None:
     if not attempts:
         console.print("[bold]attempts[/bold]  none (the task never started)")
         return
-    table = Table(title="attempts", title_justify="left", show_edge=False, header_style="bold")
-    for name in ("replay", "attempt", "agent", "started", "ended", "outcome", "error"):
-        table.add_column(name)
+    rows = []
     for a in attempts:
-        table.add_row(str(a.replay), str(a.attempt), escape(a.agent_id or "-"),
-                      iso_ms(a.started_at_ms) or "-", iso_ms(a.ended_at_ms) or "-", a.outcome,
-                      escape(one_line(a.error, 60)))
-    console.print(table)
+        took = "-"
+        begun = a.started_at_ms or a.dispatched_at_ms
+        if a.ended_at_ms and begun:
+            took = f"{(a.ended_at_ms - begun) / 1000:.1f}s"
+        rows.append([str(a.replay), str(a.attempt), a.agent_id or "-",
+                     short_time(a.started_at_ms or a.ended_at_ms), took, a.outcome, a.error or ""])
+    _table(console, ["replay", "#", "agent", "started (UTC)", "took", "outcome", "error"], rows,
+           {"replay", "#", "took"}, title="attempts")
 
 
 def stats(console: Console, s: Stats) -> None:
     if not s.capabilities:
         console.print("The DLQ is empty.")
         return
-    reasons = sorted(s.by_reason)
     table = Table(show_edge=False, header_style="bold")
-    table.add_column("capability")
-    for r in reasons:
-        table.add_column(r, justify="right")
-    table.add_column("total", justify="right")
-    table.add_column("oldest")
-    table.add_column("newest")
+    for name in ("capability", "reason", "count", "oldest (UTC)", "newest (UTC)"):
+        table.add_column(name, no_wrap=True, overflow="ellipsis",
+                         justify="right" if name == "count" else "left")
     for c in s.capabilities:
-        table.add_row(escape(c.capability), *(str(c.by_reason.get(r, 0)) for r in reasons),
-                      str(c.total), iso_ms(c.oldest_ms) or "-", iso_ms(c.newest_ms) or "-")
-    table.add_row("[bold]all[/bold]", *(str(s.by_reason.get(r, 0)) for r in reasons), str(s.total),
-                  iso_ms(s.oldest_ms) or "-", iso_ms(s.newest_ms) or "-")
+        table.add_row(f"[bold]{escape(c.capability)}[/bold]", "[bold]all[/bold]",
+                      f"[bold]{c.total}[/bold]", short_time(c.oldest_ms), short_time(c.newest_ms))
+        for reason, n in sorted(c.by_reason.items()):
+            table.add_row("", reason, str(n), "", "")
+    if len(s.capabilities) > 1:
+        table.add_row("[bold]all[/bold]", "", f"[bold]{s.total}[/bold]", short_time(s.oldest_ms),
+                      short_time(s.newest_ms))
     console.print(table)
     if s.top_errors:
-        errors = Table(title="top errors", title_justify="left", show_edge=False, header_style="bold")
-        errors.add_column("count", justify="right")
-        errors.add_column("error")
-        errors.add_column("capabilities")
-        for e in s.top_errors:
-            errors.add_row(str(e.count), escape(one_line(e.error, 80) or "(no message)"),
-                           escape(", ".join(e.capabilities)))
-        console.print(errors)
+        rows = [[str(e.count), ", ".join(e.capabilities), e.error or "(no message)"] for e in s.top_errors]
+        _table(console, ["count", "capabilities", "error"], rows, {"count"}, title="top errors")
 
 
 _VERBS = {"replayed": "replayed", "would_replay": "would be replayed", "purged": "purged",
           "would_purge": "would be purged", "gone": "already gone from the DLQ",
-          "malformed": "skipped (malformed: no task to replay)", "active": "left alone (task active)",
+          "malformed": "skipped (malformed)", "active": "left alone (task active)",
           "full": "left in the DLQ (queue full)", "mismatch": "skipped (entry holds another task)"}
 
 
@@ -114,12 +125,14 @@ def report(console: Console, r: Report) -> None:
     if r.dry_run or len(r.outcomes) <= REPORT_ITEMS_SHOWN:
         for o in r.outcomes[:REPORT_ITEMS_SHOWN]:
             console.print(f"{escape(o.target.ref)}: {_VERBS.get(o.status, o.status)}"
-                          + (f" — {escape(o.detail)}" if o.detail else ""))
+                          + (f" — {escape(o.detail)}" if o.detail else ""), soft_wrap=True)
         if len(r.outcomes) > REPORT_ITEMS_SHOWN:
             console.print(f"… and {len(r.outcomes) - REPORT_ITEMS_SHOWN} more")
     head = "dry run, nothing changed: " if r.dry_run else ""
     parts = [f"{n} {_VERBS.get(status, status)}" for status, n in sorted(r.counts().items())]
-    console.print(f"{head}{r.selected} selected; " + ("; ".join(parts) if parts else "nothing done"))
+    console.print(f"{head}{r.selected} selected; " + ("; ".join(parts) if parts else "nothing done"),
+                  soft_wrap=True)
     if r.stopped:
         left = r.selected - len(r.outcomes)
-        console.print(f"stopped: {escape(r.stopped)}; {left} not attempted, still in the DLQ")
+        console.print(f"stopped: {escape(r.stopped)}; {left} not attempted, still in the DLQ",
+                      soft_wrap=True)
