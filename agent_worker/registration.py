@@ -12,11 +12,13 @@ import hashlib
 import logging
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
 import redis
 
+from agent_worker.stats import FULL_STATS_EVERY_S, changed
 from broker import connection, protocol
 from broker.models import AgentDescriptor
 from broker.scripts import AsyncScripts, Scripts
@@ -69,6 +71,8 @@ class HeartbeatThread(threading.Thread):
         self._scripts: Scripts | None = None
         self.beats = 0
         self.failures = 0
+        self._sent: dict[str, Any] = {}
+        self._sent_at = 0.0
 
     def beat_now(self, mode: str = "") -> None:
         if mode:
@@ -96,9 +100,15 @@ class HeartbeatThread(threading.Thread):
                 )
                 self._scripts = Scripts(self._client)
             assert self._scripts is not None
+            stats = self._stats()
+            # Write the numbers only when they moved (or every FULL_STATS_EVERY_S): most beats
+            # just prove liveness, so a large fleet does not storm the registry.
+            fresh = changed(self._sent, stats) or time.monotonic() - self._sent_at >= FULL_STATS_EVERY_S
             reply = self._scripts(protocol.heartbeat_call(
-                self.settings, self.agent_id, self._token(), self._stats(), self._mode
+                self.settings, self.agent_id, self._token(), stats if fresh else None, self._mode
             ))
+            if fresh and reply[0] == "ok":
+                self._sent, self._sent_at = stats, time.monotonic()
         except (redis.exceptions.RedisError, OSError) as exc:
             self.failures += 1
             if self.failures == 1 or self.failures % 10 == 0:
@@ -106,6 +116,7 @@ class HeartbeatThread(threading.Thread):
             return False
         if reply[0] != "ok":
             log.error("registry refused this agent's heartbeat (%s); registering again", reply[0])
+            self._sent = {}
             self._on_refused()
             return False
         self.failures = 0

@@ -22,9 +22,8 @@ import secrets
 import signal
 import socket
 import time
-from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -34,9 +33,9 @@ from agent_worker.context import TaskContext
 from agent_worker.executor import AttemptEnd, run_attempt
 from agent_worker.handlers import Binding
 from agent_worker.registration import HeartbeatThread, register, token_sha
+from agent_worker.stats import WorkerStats, rss_kb, stability
 from broker import codec, connection, inbox, protocol
 from broker.errors import ConfigError
-from broker.ids import split_task_id
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 from broker.models import AgentDescriptor, Outcome, ms_to_datetime
 from broker.scripts import AsyncScripts
@@ -69,15 +68,6 @@ class Running:
     lease: protocol.Lease
     ctx: TaskContext
     task: asyncio.Task[Any] | None = None
-
-
-@dataclass
-class WorkerStats:
-    done: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    rejected: int = 0
-    latencies_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100))
 
 
 class Worker:
@@ -131,7 +121,7 @@ class Worker:
                 self._loop.add_signal_handler(sig, self._on_signal)
         log.info("agent %s starting: %s", self.agent_id,
                  ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()))
-        self._rss_start_kb = _rss_kb()
+        self._rss_start_kb = rss_kb()
         self._heartbeat = HeartbeatThread(
             self.settings, self.agent_id, lambda: self.token, self.heartbeat_stats,
             self._reregister_from_thread,
@@ -315,13 +305,13 @@ class Worker:
                       entries: list[tuple[str, dict[str, str]]]) -> None:
         deliveries: list[protocol.Delivery] = []
         for entry_id, fields in entries:
-            local, fence = fields.get("id", ""), fields.get("fence", "")
-            if not _valid_delivery(binding.capability, local, fence):
+            lease = inbox.parse_lease(binding.capability, entry_id, fields)
+            if lease is None:
                 await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
                                                   entry_id, fields)
                 await self._release(1)
                 continue
-            deliveries.append(protocol.Delivery(entry_id, local, fence))
+            deliveries.append(protocol.Delivery(entry_id, lease.local_id, lease.fence))
         if not deliveries:
             return
         call = protocol.accept_call(self.settings, binding.capability, self.agent_id, self.token,
@@ -375,7 +365,7 @@ class Worker:
         finally:
             self.running.pop(ctx.task_id, None)
             await self._release(1)
-        self.stats.latencies_ms.append(end.exec_ms)
+        self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
             delay = backoff_ms(ctx.attempt, self.settings)
@@ -513,39 +503,25 @@ class Worker:
 
     def heartbeat_stats(self) -> dict[str, Any]:
         """Numbers for the registry (advisory; routing counts load from Redis itself)."""
-        latencies = sorted(self.stats.latencies_ms)
-        p50 = latencies[len(latencies) // 2] if latencies else None
-        rss = _rss_kb()
+        rss = rss_kb()
+        health = self.stats.health()
+        progress_age_ms = round((time.monotonic() - self._last_tick) * 1000)
         return {
             "inflight": len(self.running),
             "max_concurrency": self.concurrency,
-            "loop_progress_age_ms": round((time.monotonic() - self._last_tick) * 1000),
+            "free_slots": self._free,
+            "loop_progress_age_ms": progress_age_ms,
+            "stalled": progress_age_ms >= self.settings.stall_after_ms and bool(self.running),
             "loop_lag_ms": round(self._max_lag_ms, 1),
-            "latency_p50_ms": p50,
+            "latency_p50_ms": self.stats.latency_p50_ms(),
+            "latency_baseline_ms": self.stats.latency_baseline_ms(),
+            "success_rates": self.stats.success_rates(),
+            "health": health,
+            "stability": stability(health, self._max_lag_ms),
             "done": self.stats.done,
             "failed": self.stats.failed,
             "rejected": self.stats.rejected,
             "rss_kb": rss,
             "rss_growth_kb": rss - self._rss_start_kb if rss and self._rss_start_kb else None,
-            "free_slots": self._free,
             "draining": self._stopping,
         }
-
-
-def _valid_delivery(capability: str, local: str, fence: str) -> bool:
-    if not fence.isdigit():
-        return False
-    try:
-        split_task_id(f"{capability}:{local}")
-    except ValueError:
-        return False
-    return True
-
-
-def _rss_kb() -> int | None:
-    try:
-        with open("/proc/self/statm") as f:
-            pages = int(f.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") // 1024
-    except (OSError, ValueError, IndexError):
-        return None

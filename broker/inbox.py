@@ -22,7 +22,8 @@ log = logging.getLogger("reach.inbox")
 BATCH = 200
 
 
-def _lease(capability: str, entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
+def parse_lease(capability: str, entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
+    """The delivery an inbox entry stands for, or None when the entry is not a valid one."""
     if not fields:
         return None
     local, fence = fields.get("id", ""), fields.get("fence", "")
@@ -56,7 +57,7 @@ async def release_unread(client: Any, scripts: Any, settings: Settings, capabili
             return released
         entries = await client.xrange(inbox, min=f"({start}", max="+", count=BATCH)
         leases = [lease for entry_id, fields in entries
-                  if (lease := _lease(capability, entry_id, fields)) is not None]
+                  if (lease := parse_lease(capability, entry_id, fields)) is not None]
         if leases:
             released += int(await scripts(
                 protocol.release_call(settings, capability, agent_id, reason, leases)))
@@ -88,7 +89,7 @@ async def reclaim_lapsed(client: Any, scripts: Any, settings: Settings, capabili
         cursor, entries = reply[0], reply[1]
         leases = []
         for entry_id, fields in entries:
-            lease = _lease(capability, entry_id, fields)
+            lease = parse_lease(capability, entry_id, fields)
             if lease is not None:
                 leases.append(lease)
             elif fields:  # not a valid delivery: keep it, in the dead-letter stream

@@ -23,6 +23,7 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:agents | zset agent id -> last heartbeat ms (server clock) | register, heartbeat | prune |
 | P:{_registry}:agent:{agent} | hash, descriptor + token hash + stats | register, heartbeat | prune |
 | P:{_registry}:capabilities | set of capability names | clients, workers | never |
+| P:{_registry}:changes, :rev | zset agent -> revision of last change; counter | registry scripts | prune |
 | P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
 
 Channels (pub/sub carries wake-ups only; every fact is also in a key):
@@ -115,6 +116,14 @@ class RegistryKeys:
     @property
     def capabilities(self) -> str:
         return f"{self.base}:capabilities"
+
+    @property
+    def changes(self) -> str:
+        return f"{self.base}:changes"
+
+    @property
+    def rev(self) -> str:
+        return f"{self.base}:rev"
 
     @property
     def events(self) -> str:

@@ -392,7 +392,7 @@ def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -
 
 def agent_state_call(settings: Settings, agent_id: str, known: str, new: str) -> ScriptCall:
     rk = RegistryKeys(settings.prefix)
-    return ScriptCall("agent_state", [rk.agent(agent_id), rk.events],
+    return ScriptCall("agent_state", [rk.agent(agent_id), rk.events, rk.changes, rk.rev],
                       [agent_id, known, new, settings.prefix + ":"])
 
 
@@ -403,7 +403,7 @@ def register_call(
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "register",
-        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities],
+        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev],
         [agent_id, token_sha, descriptor_json, warmup_ms, settings.prefix + ":", *capabilities],
     )
 
@@ -416,20 +416,22 @@ def bind_call(settings: Settings, capability: str, agent_id: str, token_sha: str
 
 
 def heartbeat_call(
-    settings: Settings, agent_id: str, token: str, stats: dict[str, Any], mode: str = ""
+    settings: Settings, agent_id: str, token: str, stats: dict[str, Any] | None, mode: str = ""
 ) -> ScriptCall:
+    """A beat; `stats` None renews liveness only (the numbers did not change enough)."""
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "heartbeat",
-        [rk.agents, rk.agent(agent_id), rk.events],
-        [agent_id, token, codec.dumps(stats), mode, settings.prefix + ":"],
+        [rk.agents, rk.agent(agent_id), rk.events, rk.changes, rk.rev],
+        [agent_id, token, codec.dumps(stats) if stats is not None else "", mode, settings.prefix + ":"],
     )
 
 
 def deregister_call(settings: Settings, agent_id: str, token: str) -> ScriptCall:
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
-        "deregister", [rk.agents, rk.agent(agent_id), rk.events], [agent_id, token, settings.prefix + ":"]
+        "deregister", [rk.agents, rk.agent(agent_id), rk.events, rk.changes, rk.rev],
+        [agent_id, token, settings.prefix + ":"],
     )
 
 

@@ -42,6 +42,8 @@ class AgentRecord:
     mode: str = "active"
     stats: dict[str, Any] = field(default_factory=dict)
     refused: int = 0
+    recovered_at_ms: int = 0
+    """When it last came back to healthy from suspect, offline or not_ready (cold start)."""
     recorded_state: str = ""
     """The state last written to the registry (by agent_state.lua), to notice transitions."""
 
@@ -60,6 +62,7 @@ class AgentRecord:
                 mode=data.get("mode") or "active",
                 stats=stats if isinstance(stats, dict) else {},
                 refused=int(data.get("refused") or 0),
+                recovered_at_ms=int(data.get("recovered_at") or 0),
                 recorded_state=data.get("state") or "",
             )
         except (KeyError, ValueError):
@@ -94,6 +97,8 @@ def agent_state(record: AgentRecord, now_ms: int, settings: Settings) -> AgentSt
 
 def is_stalled(stats: dict[str, Any], settings: Settings) -> bool:
     """The executor loop made no progress for stall_after_ms while the agent holds tasks."""
+    if isinstance(stats.get("stalled"), bool):
+        return bool(stats["stalled"])  # judged by the agent, against the same stall_after_ms
     progress_age = stats.get("loop_progress_age_ms")
     inflight = stats.get("inflight") or 0
     return (isinstance(progress_age, int | float) and progress_age >= settings.stall_after_ms

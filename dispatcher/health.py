@@ -72,6 +72,7 @@ class HealthWatcher:
         log.info("pruning agent %s (offline longer than %d ms)", record.agent_id,
                  settings.prune_after_ms)
         await self.d.redis.zrem(rk.agents, record.agent_id)
+        await self.d.redis.zrem(rk.changes, record.agent_id)
         await self.d.redis.delete(rk.agent(record.agent_id))
         await self.d.redis.xadd(rk.events, {"type": "pruned", "agent_id": record.agent_id,
                                             "time": str(self.d.view.now_ms()), "detail": ""},

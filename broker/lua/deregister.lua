@@ -1,5 +1,6 @@
 -- deregister: an agent leaves the fleet for good (after draining).
 -- KEYS[1] agents zset   KEYS[2] the agent's hash   KEYS[3] registry event stream
+-- KEYS[4] changes zset   KEYS[5] revision counter
 -- ARGV[1] agent id   ARGV[2] token   ARGV[3] channel prefix
 -- Returns 'ok' | 'refused' | 'unknown'.
 local agent = ARGV[1]
@@ -14,6 +15,7 @@ if ARGV[2] == '' or sha ~= redis.sha1hex(ARGV[2]) then
 end
 redis.call('DEL', KEYS[2])
 redis.call('ZREM', KEYS[1], agent)
+redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[5]), agent)
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'deregistered', 'agent_id', agent,
   'time', jint(now), 'detail', '')
 redis.call('PUBLISH', ARGV[3] .. 'wake', 'agent ' .. agent)
