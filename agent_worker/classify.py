@@ -14,7 +14,6 @@ from agent_worker.errors import InvalidRequest, Retryable
 from broker.models import Outcome
 from broker.settings import Settings
 
-
 # Client libraries define their own network errors (redis.exceptions.ConnectionError,
 # httpx.ConnectTimeout, ...) that do not derive from the builtins; they are just as transient.
 _TRANSIENT_NAMES = frozenset({"ConnectionError", "TimeoutError", "Timeout", "ConnectTimeout",
