@@ -1,0 +1,296 @@
+"""`python -m bench`: every row of issue 7's benchmark on one Redis, then a table, JSON and a plot.
+
+    python -m bench                      # full run (10,000 tasks, 3 repetitions), embedded Redis
+    python -m bench --smoke              # what CI runs: tiny sizes, 1 repetition, < 1 minute
+    python -m bench --only reach,bullmq  # some rows / figures only (see --help for the names)
+    REDIS_URL=redis://host:6379/5 python -m bench   # on that server (only our keys are deleted)
+
+Output: bench/results/<date>.json and <date>.png (the directory is git-ignored). Exit status 0
+when every selected figure was measured or skipped with a note (e.g. no Node.js), 1 when one
+failed, 130 on Ctrl-C. Every process the harness started is killed in every case.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.markup import escape
+
+from bench import dispatch_bench, reach_extra, report
+from bench.context import Bench, Options
+from bench.plot import plot
+from bench.procs import ROOT, Supervisor
+from bench.rows.base import Row
+from bench.rows.bullmq import BullMQRow
+from bench.rows.dramatiq_row import DramatiqRow
+from bench.rows.raw import RawRow
+from bench.rows.reach import ReachRow
+from bench.rows.rq_row import RqRow, RqSimpleRow, set_rq_prefix
+from bench.target import Target
+
+ROWS: list[type[Row]] = [ReachRow, BullMQRow, DramatiqRow, RqRow, RqSimpleRow, RawRow]
+EXTRAS = ["dispatch", "depth", "overhead", "scaling"]
+ALIASES = {"rq": ["rq-worker", "rq-simple"], "reach-only": EXTRAS, "peers": [
+    "bullmq", "dramatiq", "rq-worker", "rq-simple", "raw"]}
+DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    names = [r.key for r in ROWS] + EXTRAS
+    parser = argparse.ArgumentParser(
+        prog="python -m bench", description=__doc__.split("\n\n")[0] if __doc__ else None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=f"names for --only/--skip: {', '.join(names)}; groups: "
+               + ", ".join(f"{k} = {'+'.join(v)}" for k, v in ALIASES.items()))
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, 1 repetition (CI)")
+    parser.add_argument("--reps", type=int, help="repetitions per figure (default 3; smoke 1)")
+    parser.add_argument("--only", action="append", default=[], metavar="NAMES",
+                        help="comma-separated rows/figures to run (repeatable)")
+    parser.add_argument("--skip", action="append", default=[], metavar="NAMES",
+                        help="comma-separated rows/figures to leave out")
+    parser.add_argument("--n", type=int, help="tasks per enqueue and drain (default 10,000)")
+    parser.add_argument("--rt-n", type=int, help="sequential round trips (default 500)")
+    parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
+                        help="use this Redis instead of starting one (default: $REDIS_URL)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results directory")
+    parser.add_argument("--reach-concurrency", type=int, default=8,
+                        help="--concurrency of Reach workers (default 8, Reach's default)")
+    parser.add_argument("--profile", action="store_true",
+                        help="after the figures, profile Reach's worker and dispatcher with py-spy")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the children's logs")
+    args = parser.parse_args(argv)
+    for option in ("only", "skip"):
+        chosen: set[str] = set()
+        for item in getattr(args, option):
+            for name in filter(None, (x.strip() for x in item.split(","))):
+                expanded = ALIASES.get(name, [name])
+                unknown = [x for x in expanded if x not in names]
+                if unknown:
+                    parser.error(f"unknown name {unknown[0]!r} for --{option} (known: {', '.join(names)})")
+                chosen.update(expanded)
+        setattr(args, option, chosen)
+    if args.only or args.skip:
+        args.only = (args.only or set(names)) - args.skip
+    if args.reps is not None and args.reps < 1:
+        parser.error("--reps must be at least 1")
+    return args
+
+
+def machine() -> dict[str, Any]:
+    cpu = ""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    mem_gib = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal"):
+                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
+    load = None
+    with contextlib.suppress(OSError):
+        load = os.getloadavg()
+    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib,
+            "kernel": platform.release(), "python": platform.python_version(),
+            "load_average_at_start": load}
+
+
+def versions() -> dict[str, str | None]:
+    out: dict[str, str | None] = {}
+    for dist in ("agent-reach", "redis", "hiredis", "rq", "dramatiq", "matplotlib", "rich"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = None
+    node = shutil.which("node")
+    out["node"] = None
+    if node:
+        out["node"] = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
+    return out
+
+
+def git_state() -> dict[str, Any]:
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    dirty = git("status", "--porcelain", "--", "broker", "dispatcher", "agent_worker", "reach_cli")
+    return {"commit": git("rev-parse", "HEAD") or None, "reach_code_dirty": bool(dirty)}
+
+
+class Run:
+    def __init__(self, bench: Bench) -> None:
+        self.b = bench
+        self.result: dict[str, Any] = {"rows": {}, "reach_extra": {}, "errors": []}
+        self.failed = False
+
+    def phase_logger(self, rep: int, title: str) -> Any:
+        reps = self.b.sizes.reps
+        return lambda phase: self.b.log(escape(f"[rep {rep}/{reps}] {title}: {phase}"))
+
+    def error(self, where: str, exc: BaseException) -> None:
+        self.failed = True
+        text = f"{where}: {type(exc).__name__}: {exc}"
+        self.result["errors"].append({"where": where, "error": text,
+                                      "traceback": traceback.format_exc(limit=6)})
+        self.b.console.print(f"[red]{text}[/red]")
+
+    def rows(self) -> dict[str, Row]:
+        active: dict[str, Row] = {}
+        for cls in ROWS:
+            if not self.b.wants(cls.key):
+                continue
+            row = cls(self.b)
+            entry: dict[str, Any] = {"title": row.title, "status": "ok", "reps": [], "clock": row.clock}
+            self.result["rows"][row.key] = entry
+            note = row.unavailable()
+            if note is None:
+                try:
+                    row.prepare()
+                    entry["settings"] = row.settings()
+                except Exception as exc:  # e.g. npm cannot reach its registry: skip, say why
+                    note = f"could not be prepared: {exc}"
+            if note is not None:
+                entry.update(status="skipped", note=note)
+                self.b.console.print(f"[yellow]{row.title} skipped: {note}[/yellow]")
+                continue
+            if row.bulk_note:
+                entry["note"] = row.bulk_note
+            active[row.key] = row
+        return active
+
+    def table(self, active: dict[str, Row]) -> None:
+        for rep in range(1, self.b.sizes.reps + 1):
+            for key, row in list(active.items()):
+                try:
+                    figures = row.run_rep(self.phase_logger(rep, row.title))
+                    self.result["rows"][key]["reps"].append(figures)
+                except Exception as exc:
+                    self.error(row.title, exc)
+                    self.result["rows"][key].update(status="error", note=str(exc)[:300])
+                    del active[key]
+                finally:
+                    self.b.sup.forget_dead()
+
+    def extras(self) -> None:
+        b, extra = self.b, self.result["reach_extra"]
+        extra["n"] = b.sizes.n
+        row = ReachRow(b)
+        row.prepare()
+        steps: list[tuple[str, Any]] = [
+            ("dispatch", lambda: dispatch_bench.run(b, b.sizes.reps)),
+            ("depth", lambda: [reach_extra.depth_series(b, row, list(b.sizes.depths))
+                               for _ in range(b.sizes.reps)]),
+            ("overhead", lambda: [reach_extra.overhead(b, row, b.sizes.overhead_n)
+                                  for _ in range(b.sizes.reps)]),
+            ("scaling", lambda: self._scaling(row)),
+        ]
+        for name, step in steps:
+            if not b.wants(name):
+                continue
+            b.log(f"Reach only: {name}")
+            try:
+                extra[name] = step()
+            except Exception as exc:
+                self.error(f"Reach only: {name}", exc)
+            finally:
+                b.sup.forget_dead()
+
+    def _scaling(self, row: ReachRow) -> dict[str, list[float | None]]:
+        counts = [k for k in self.b.sizes.scale_workers if k not in (1, 2)]
+        out: dict[str, list[float | None]] = {}
+        reach = self.result["rows"].get("reach", {}).get("reps") or []
+        out["1"] = [r["drain_1"]["rate"] for r in reach]
+        out["2"] = [r["drain_2"]["rate"] for r in reach]
+        for _ in range(self.b.sizes.reps):
+            for k, rate in reach_extra.scaling(self.b, row, counts).items():
+                out.setdefault(str(k), []).append(rate)
+        return {k: v for k, v in out.items() if v}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    console = Console()
+    stem = time.strftime("%Y-%m-%dT%H%M%S")
+    opts = Options.build(smoke=args.smoke, reps=args.reps, n=args.n, rt_n=args.rt_n, only=args.only,
+                         redis_url=args.redis_url, results_dir=args.out,
+                         reach_concurrency=args.reach_concurrency, profile=args.profile,
+                         keep_logs=args.keep_logs)
+    log_dir = opts.results_dir / f"{stem}-logs"
+    sup = Supervisor(log_dir)
+    target: Target | None = None
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    started = time.time()
+    run: Run | None = None
+    try:
+        target = Target(opts.redis_url)
+        bench = Bench(opts=opts, target=target, sup=sup, console=console, stem=stem)
+        set_rq_prefix(bench)  # before rq is imported anywhere
+        mode = "smoke" if opts.smoke else "full"
+        console.print(f"[bold]Agent-Reach benchmark[/bold] ({mode}, {opts.sizes.reps} repetition(s), "
+                      f"n={opts.sizes.n:,}) on Redis {target.info()['redis_version']} at "
+                      f"{target.info()['url']}{' (embedded)' if target.owned else ''}")
+        run = Run(bench)
+        active = run.rows()
+        run.table(active)
+        if any(bench.wants(x) for x in EXTRAS):
+            run.extras()
+        if opts.profile:
+            from bench import profiling
+
+            try:
+                run.result["profile"] = profiling.run(bench, opts.results_dir / f"{stem}-profile")
+            except Exception as exc:
+                run.error("profile", exc)
+        result = run.result
+        result["meta"] = {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
+            "duration_s": round(time.time() - started, 1), "mode": mode,
+            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
+            "sizes": vars(opts.sizes), "reach_concurrency": opts.reach_concurrency,
+            "redis": target.info(), "machine": machine(), "versions": versions(), "git": git_state(),
+        }
+        result["figures"] = report.aggregate(result["rows"])
+        result["ratios"] = report.ratios(result["figures"])
+        result["reach_only"] = report.reach_only_summary(result["reach_extra"], result["figures"])
+        result["targets"] = report.targets(result["figures"], result["reach_only"])
+        json_path = opts.results_dir / f"{stem}.json"
+        png_path = opts.results_dir / f"{stem}.png"
+        note = plot(png_path, result)
+        result["plot"] = str(png_path) if note is None else note
+        report.write_json(json_path, result)
+        console.print()
+        report.print_tables(console, result)
+        console.print(f"\nJSON: {json_path}\nplot: {result['plot']}")
+        return 1 if run.failed else 0
+    except KeyboardInterrupt:
+        console.print("[yellow]interrupted: stopping every process the benchmark started[/yellow]")
+        return 130
+    finally:
+        sup.kill_all()
+        if target is not None:
+            target.close()
+        if not opts.keep_logs and run is not None and not run.failed:
+            shutil.rmtree(log_dir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

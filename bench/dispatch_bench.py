@@ -1,0 +1,226 @@
+"""Dispatcher routing decisions per second with 10, 100 and 1,000 registered agents.
+
+Two measurements, because they answer different questions:
+
+1. **The real dispatcher process, end to end** (the headline figure). Simulated agents are
+   registered, bound and kept alive through Reach's own scripts (register, bind, heartbeat every
+   3 s, reporting what an idle echo worker reports); `dispatch_tasks` tasks are queued; a
+   lightweight consumer process (bench/workers/sim_consumer.py) drains the agents' inboxes and
+   sends the same `free` wake-ups as the complete script. Then `python -m reach_cli dispatcher`
+   starts, pinned to one core (CPU 0; Redis and the consumer are pinned to CPU 1 meanwhile when
+   the harness owns Redis). A decision = a task handed to an agent's inbox by dispatch.lua; the
+   rate is (n-1) / (last dispatched_at - first dispatched_at) from the task records (server
+   clock). The dispatcher's CPU use over the same span says whether it was CPU-bound or waiting
+   for Redis.
+2. **The routing code alone, in process**: `CapabilityLoop.candidates()` + `routing.room` +
+   `routing.assign` for batches of `dispatch_batch` ready tasks over the same number of healthy
+   agents, no Redis, timed with process CPU time: the ceiling the pure-Python choice sets.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any
+
+from bench.context import Bench
+from bench.procs import Proc, ProcessFailed, set_affinity
+from bench.rows.base import payload, ready_all
+from bench.rows.reach import preload_scripts
+from bench.workers.sim_consumer import agent_ids
+from broker import ReachClient, protocol
+from broker.keys import CapabilityKeys
+from broker.models import AgentDescriptor
+from broker.registry import AgentRecord
+from broker.scripts import Scripts
+from broker.settings import Settings
+from dispatcher import routing
+from dispatcher.capability import CapabilityLoop
+from dispatcher.registry_view import RegistryView
+
+CAP = "sim"
+CONCURRENCY = 8
+HEARTBEAT_S = 3.0
+
+
+def idle_stats() -> dict[str, Any]:
+    """What an idle `echo` worker reports in its heartbeat (p50 0 ms: a no-op)."""
+    return {"inflight": 0, "max_concurrency": CONCURRENCY, "loop_progress_age_ms": 0,
+            "loop_lag_ms": 0.0, "latency_p50_ms": 0, "done": 0, "failed": 0, "rejected": 0,
+            "rss_kb": None, "draining": False}
+
+
+class SimulatedAgents:
+    """Registers agents through Reach's scripts and heartbeats them from a thread."""
+
+    def __init__(self, bench: Bench, settings: Settings, count: int) -> None:
+        self.settings = settings
+        self.r = bench.target.r
+        self.scripts = Scripts(self.r)
+        self.ids = agent_ids(count)
+        self.tokens: dict[str, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat_forever, name="sim-heartbeats", daemon=True)
+
+    def register(self) -> None:
+        from agent_worker.registration import new_token
+
+        for start in range(0, len(self.ids), 200):
+            pipe = self.r.pipeline(transaction=False)
+            for agent_id in self.ids[start:start + 200]:
+                token, sha = new_token()
+                self.tokens[agent_id] = token
+                descriptor = AgentDescriptor(agent_id=agent_id, capabilities=[CAP],
+                                             max_concurrency=CONCURRENCY, host="bench", pid=0)
+                self.scripts(protocol.register_call(self.settings, agent_id, sha,
+                                                    descriptor.model_dump_json(), 0, [CAP]), client=pipe)
+                self.scripts(protocol.bind_call(self.settings, CAP, agent_id, sha), client=pipe)
+            pipe.execute()
+        self.beat()
+        self._thread.start()
+
+    def beat(self) -> None:
+        stats = idle_stats()
+        for start in range(0, len(self.ids), 500):
+            pipe = self.r.pipeline(transaction=False)
+            for agent_id in self.ids[start:start + 500]:
+                self.scripts(protocol.heartbeat_call(self.settings, agent_id, self.tokens[agent_id],
+                                                     stats), client=pipe)
+            pipe.execute()
+
+    def _beat_forever(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            with contextlib.suppress(Exception):
+                self.beat()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(10)
+
+
+def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
+    """The real dispatcher process routing `tasks` queued tasks to `agents` simulated agents."""
+    prefix = bench.prefix(f"disp{agents}")
+    settings = Settings.load(redis_url=bench.url, prefix=prefix)
+    keys = CapabilityKeys(prefix, CAP)
+    sim = SimulatedAgents(bench, settings, agents)
+    two_cores = len(os.sched_getaffinity(0)) >= 2
+    pinned_redis = False
+    procs: list[Proc] = []
+    try:
+        preload_scripts(bench)
+        sim.register()
+        with ReachClient(settings) as client:
+            task_ids = [h.task_id for h in client.submit_many(CAP, [payload(i) for i in range(tasks)])]
+        env = bench.env(REDIS_URL=bench.url, REACH_PREFIX=prefix)
+        consumer = bench.sup.spawn(f"sim-consumer-{agents}", bench.python(
+            "bench.workers.sim_consumer", "--url", bench.url, "--prefix", prefix, "--cap", CAP,
+            "--agents", str(agents)), env, piped=True, cpus={1} if two_cores else None)
+        procs.append(consumer)
+        ready_all([consumer])
+        consumer.send("GO")
+        if two_cores and bench.target.pid is not None:
+            set_affinity(bench.target.pid, {1})
+            pinned_redis = True
+        before = bench.target.snapshot()
+        dispatcher = bench.sup.spawn(f"dispatcher-{agents}-agents", bench.python(
+            "reach_cli", "dispatcher", "--capability", CAP), env, cpus={0} if two_cores else None)
+        procs.append(dispatcher)
+        r = bench.target.r
+        deadline = time.monotonic() + 120 + tasks / 100
+        while r.zcard(keys.queue) >= tasks:
+            dispatcher.check_alive()
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"dispatcher routed nothing (log: {dispatcher.log_path})")
+            time.sleep(0.001)
+        cpu0, t0 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+        while r.zcard(keys.queue) > 0:
+            dispatcher.check_alive()
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"dispatcher did not route {tasks} tasks in time "
+                                    f"(log: {dispatcher.log_path})")
+            time.sleep(0.005)
+        cpu1, t1 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+        after = bench.target.snapshot()
+        dispatcher.stop(5.0)
+        consumer.stop(5.0, command="STOP")
+        pipe = r.pipeline(transaction=False)
+        for task_id in task_ids:
+            pipe.hget(keys.task(task_id.split(":", 1)[1]), "dispatched_at")
+        stamps = [float(s) for s in pipe.execute() if s]
+        if len(stamps) < tasks:
+            raise ProcessFailed(f"only {len(stamps)} of {tasks} tasks were dispatched")
+        span_s = (max(stamps) - min(stamps)) / 1000
+        rate = (tasks - 1) / span_s if span_s > 0 else None
+        util = (cpu1 - cpu0) / (t1 - t0) if t1 > t0 else None
+        return {
+            "agents": agents,
+            "tasks": tasks,
+            "decisions_per_s": rate,
+            "dispatcher_cpu_util": round(util, 3) if util is not None else None,
+            "decisions_per_cpu_s": round(rate / util, 1) if rate and util else None,
+            "redis": after.delta(before, tasks),
+            "pinned": two_cores,
+        }
+    finally:
+        sim.stop()
+        if pinned_redis and bench.target.pid is not None:
+            set_affinity(bench.target.pid, None)
+        for proc in procs:
+            proc.kill()
+        bench.target.delete_matching([f"{prefix}:*"])
+
+
+def measure_routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
+    """Decisions per CPU-second of the routing code alone (no Redis, no I/O)."""
+    settings = Settings.load(redis_url="redis://unused:1/0", prefix="bench-routing")
+    view = RegistryView(settings, client=None)
+    now = int(time.time() * 1000)
+    view._offset_ms = now - time.monotonic() * 1000
+    view.agents = {}
+    for agent_id in agent_ids(agents):
+        record = AgentRecord.from_hash({
+            "agent_id": agent_id, "last_seen": str(now), "registered_at": str(now),
+            "warm_until": str(now), "mode": "active", "stats": json.dumps(idle_stats()),
+            "descriptor": AgentDescriptor(agent_id=agent_id, capabilities=[CAP],
+                                          max_concurrency=CONCURRENCY).model_dump_json(),
+        })
+        assert record is not None
+        view.agents[agent_id] = record
+    fake = SimpleNamespace(settings=settings, view=view)
+    loop = CapabilityLoop(fake, CAP)  # type: ignore[arg-type]
+    ids = [f"{i:026d}" for i in range(settings.dispatch_batch)]
+    decisions = 0
+    start = time.process_time()
+    while time.process_time() - start < seconds:
+        # One routing step as CapabilityLoop._route does it, minus the Redis calls.
+        candidates = loop.candidates()
+        rooms = {c.agent_id: routing.room(c, settings) for c in candidates}
+        want = min(sum(rooms.values()), settings.dispatch_batch)
+        tasks = [routing.ReadyTask(local_id, 5, "", "") for local_id in ids[:want]]
+        plan = routing.assign(tasks, candidates, settings)
+        for agent_id, local_ids in plan.items():
+            loop.note_load(agent_id, len(local_ids), 0)
+            decisions += len(local_ids)
+        loop.loads.clear()  # the simulated agents finish everything before the next step
+    elapsed = time.process_time() - start
+    return {"agents": agents, "decisions_per_cpu_s": round(decisions / elapsed, 1)}
+
+
+def run(bench: Bench, reps: int) -> dict[str, Any]:
+    out: dict[str, Any] = {"process": {}, "routing_code": {}}
+    seconds = 0.1 if bench.opts.smoke else 1.0
+    for count in bench.sizes.agents:
+        runs = []
+        for rep in range(reps):
+            bench.log(f"dispatcher: {count:,} agents, {bench.sizes.dispatch_tasks:,} tasks "
+                      f"(rep {rep + 1}/{reps})")
+            runs.append(measure_process(bench, count, bench.sizes.dispatch_tasks))
+        out["process"][str(count)] = runs
+        out["routing_code"][str(count)] = [measure_routing_cpu(count, seconds) for _ in range(reps)]
+    return out

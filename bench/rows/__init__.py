@@ -1,0 +1,1 @@
+"""The rows of the comparison table (one module per system under test)."""

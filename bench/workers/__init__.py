@@ -1,0 +1,1 @@
+"""Worker launchers the harness starts as processes (READY / GO / REPORT / STOP on stdin)."""
