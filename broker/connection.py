@@ -5,18 +5,32 @@ parameters, e.g. `?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`), `unix:///
 and `redis+cluster://` / `rediss+cluster://` (or REACH_CLUSTER=true) for Redis Cluster, where any
 node's address is enough. Connections are short on timeouts so that a missing Redis shows up as
 BrokerUnavailable quickly, and long-running processes reconnect with backoff (see `retrying`).
+
+On Cluster the client follows MOVED/ASK itself and, on a lost node, re-reads the slot map and
+retries a few times; what is left over (a failover that takes longer than that) surfaces as one
+of TRANSIENT_ERRORS, like a single Redis that went away. A cluster that cannot be reached at all
+(no seed node answers, slots not covered yet) is reported as a ConnectionError too, not as
+redis-py's generic RedisClusterException, so that it is retried the same way.
+
+Pub/sub on Cluster: PUBLISH (also from inside a script) reaches every node, masters and
+replicas, so a subscriber may listen on any one node. `open_pubsub` picks one the client knows,
+and a subscriber whose node dies opens a new pubsub on another (see broker/listener.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+import random
+from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
+from redis.retry import Retry
 from tenacity import (
     AsyncRetrying,
     Retrying,
@@ -38,8 +52,9 @@ AsyncClient = redis.asyncio.Redis | AsyncRedisCluster
 TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
     redis.exceptions.ConnectionError,
     redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterDownError,
+    redis.exceptions.ClusterDownError,  # also MasterDownError
     redis.exceptions.TryAgainError,
+    redis.exceptions.SlotNotCoveredError,  # a slot whose master died, before its failover
     redis.exceptions.BusyLoadingError,
     ConnectionError,
 )
@@ -73,25 +88,138 @@ def resolve_url(settings: Settings) -> tuple[str, bool]:
     return url, cluster
 
 
+
+def _cluster_options() -> dict[str, Any]:
+    return {
+        **_COMMON,
+        # redis-py's own retries of one command on a lost node (it re-reads the slot map in
+        # between); longer outages are ours to ride out (`retrying`, `with_reconnect`).
+        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=10),
+    }
+
+
+def _unreachable(exc: redis.exceptions.RedisClusterException) -> bool:
+    """Whether redis-py's catch-all cluster error means "cannot reach the cluster right now"."""
+    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
+        return True
+    text = str(exc)
+    return text.startswith(("Redis Cluster cannot be connected", "All slots are not covered"))
+
+
+class _SyncCluster(RedisCluster):
+    """RedisCluster that reports an unreachable cluster as a ConnectionError."""
+
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
+        except redis.exceptions.RedisClusterException as exc:
+            if _unreachable(exc):
+                raise redis.exceptions.ConnectionError(str(exc)) from exc
+            raise
+
+
+class _AsyncCluster(AsyncRedisCluster):
+    """asyncio RedisCluster that reports an unreachable cluster as a ConnectionError."""
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> _AsyncCluster:
+        try:
+            await super().initialize(*args, **kwargs)
+        except redis.exceptions.RedisClusterException as exc:
+            if _unreachable(exc):
+                raise redis.exceptions.ConnectionError(str(exc)) from exc
+            raise
+        return self
+
+
 def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncClient:
+    """A client for short commands. On Cluster it connects at once (to learn the slot map):
+    BrokerUnavailable if no node answers."""
     url, cluster = resolve_url(settings)
     if cluster:
-        return RedisCluster.from_url(url, decode_responses=True, socket_timeout=socket_timeout,
-                                     socket_connect_timeout=3, encoding_errors="surrogateescape")
+        try:
+            return _SyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
+        except redis.exceptions.RedisClusterException as exc:
+            if _unreachable(exc):
+                raise unavailable(exc, settings) from exc
+            raise
+        except TRANSIENT_ERRORS as exc:
+            raise unavailable(exc, settings) from exc
     return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON)
 
 
 def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncClient:
+    """An asyncio client; on Cluster it learns the slot map at its first command."""
     url, cluster = resolve_url(settings)
     if cluster:
-        return AsyncRedisCluster.from_url(url, decode_responses=True, socket_timeout=socket_timeout,
-                                          socket_connect_timeout=3,
-                                          encoding_errors="surrogateescape")
+        return _AsyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
     return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON)
 
 
+def is_cluster(client: Any) -> bool:
+    return isinstance(client, RedisCluster | AsyncRedisCluster)
+
+
+def _candidates(client: Any, avoid: Collection[str]) -> list[Any]:
+    """The cluster's known nodes in random order, the ones in `avoid` last."""
+    nodes = list(client.get_nodes())
+    random.shuffle(nodes)
+    return sorted(nodes, key=lambda node: node.name in avoid)
+
+
+_PING_TIMEOUT_S = 1.0
+_PING_ERRORS: tuple[type[BaseException], ...] = (*TRANSIENT_ERRORS, TimeoutError)
+
+
+def open_pubsub(client: Any, *, avoid: Collection[str] = ()) -> Any:
+    """A PubSub (for a synchronous client) that ignores subscribe confirmations.
+
+    On Cluster it is bound to one node that answers a PING, master or replica, chosen at random
+    with the node names in `avoid` (e.g. the one that just failed) tried last: every node gets
+    every PUBLISH, and a random choice spreads many subscribers over the cluster. Its node is
+    `pubsub_node_name(pubsub)`. A ConnectionError when no node answers. Without a cluster it is
+    the client's own pubsub.
+    """
+    if not is_cluster(client):
+        return client.pubsub(ignore_subscribe_messages=True)
+    error: BaseException | None = None
+    for node in _candidates(client, avoid):
+        try:
+            client.get_redis_connection(node).ping()
+        except TRANSIENT_ERRORS as exc:
+            error = exc
+            continue
+        return client.pubsub(node=node, ignore_subscribe_messages=True)
+    raise redis.exceptions.ConnectionError(f"no cluster node answers for pub/sub: {error}")
+
+
+async def open_async_pubsub(client: Any, *, avoid: Collection[str] = ()) -> Any:
+    """`open_pubsub` for an asyncio client (on Cluster it first learns the nodes if it has not
+    yet, and raises one of TRANSIENT_ERRORS when none answers)."""
+    if not isinstance(client, AsyncRedisCluster):
+        return client.pubsub(ignore_subscribe_messages=True)
+    await client.initialize()
+    error: BaseException | None = None
+    for node in _candidates(client, avoid):
+        try:
+            await asyncio.wait_for(node.execute_command("PING"), _PING_TIMEOUT_S)
+        except _PING_ERRORS as exc:
+            error = exc
+            continue
+        return client.pubsub(node=node, ignore_subscribe_messages=True)
+    raise redis.exceptions.ConnectionError(f"no cluster node answers for pub/sub: {error}")
+
+
+def pubsub_node_name(pubsub: Any) -> str | None:
+    """The "host:port" a cluster pubsub is bound to (None without a cluster)."""
+    node = getattr(pubsub, "node", None)
+    return str(node.name) if node is not None else None
+
+
 def pubsub_node_client(settings: Settings) -> redis.asyncio.Redis:
-    """A plain connection for pub/sub. On Cluster, PUBLISH reaches every node, so one node is enough."""
+    """A plain connection to the URL's node, for pub/sub (on Cluster, PUBLISH reaches every node).
+
+    Bound to that one address for good: prefer `open_pubsub(client)`, which moves to another
+    node when this one is lost."""
     url, _ = resolve_url(settings)
     return redis.asyncio.Redis.from_url(url, socket_timeout=None, **_COMMON)
 
