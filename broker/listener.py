@@ -4,6 +4,10 @@ Waiting for thousands of tasks at once must not take thousands of connections: e
 subscribes its task's channel on this one connection and gets the messages in a queue. A `None`
 in the queue means "the connection was lost, messages may be missing: read the record again".
 Pub/sub only wakes waiters; the task's record and event list stay the truth.
+
+When the connection is lost the reader opens a new one and subscribes every watched channel
+again. On Redis Cluster the new one goes to another node (`connection.open_async_pubsub`): every
+node gets every PUBLISH, so a waiter is not tied to a node that died or was failed over.
 """
 
 from __future__ import annotations
@@ -13,30 +17,40 @@ import contextlib
 import logging
 from typing import Any
 
+from broker import connection
 from broker.connection import TRANSIENT_ERRORS
 
 log = logging.getLogger("reach.listener")
+
+_CLOSE_TIMEOUT_S = 2.0
 
 
 class TaskListener:
     def __init__(self, client: Any) -> None:
         self._client = client
         self._pubsub: Any = None
+        self._stale = False  # the pubsub failed: open a new one before using it again
         self._queues: dict[str, set[asyncio.Queue[str | None]]] = {}
         self._reader: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
 
     async def watch(self, channel: str) -> asyncio.Queue[str | None]:
-        """Subscribe (if needed) and return a queue that receives the channel's messages."""
+        """Subscribe (if needed) and return a queue that receives the channel's messages.
+
+        Never fails on a lost connection: the reader subscribes the channel as soon as a node
+        answers, and then puts a None in the queue (read the record again)."""
         queue: asyncio.Queue[str | None] = asyncio.Queue()
         async with self._lock:
-            if self._pubsub is None:
-                self._pubsub = self._client.pubsub(ignore_subscribe_messages=True)
             first = channel not in self._queues
             self._queues.setdefault(channel, set()).add(queue)
-            if first:
+            if first and not self._stale:
                 try:
+                    if self._pubsub is None:
+                        self._pubsub = await connection.open_async_pubsub(self._client)
                     await self._pubsub.subscribe(channel)
+                except TRANSIENT_ERRORS as exc:
+                    log.warning("pub/sub subscribe failed (%s); reconnecting", exc)
+                    self._stale = True
                 except BaseException:
                     self._drop(channel, queue)
                     raise
@@ -46,7 +60,7 @@ class TaskListener:
 
     async def unwatch(self, channel: str, queue: asyncio.Queue[str | None]) -> None:
         async with self._lock:
-            if self._drop(channel, queue) and self._pubsub is not None:
+            if self._drop(channel, queue) and self._pubsub is not None and not self._stale:
                 with contextlib.suppress(*TRANSIENT_ERRORS):
                     await self._pubsub.unsubscribe(channel)
 
@@ -66,20 +80,51 @@ class TaskListener:
             self._reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, *TRANSIENT_ERRORS):
                 await self._reader
-        if self._pubsub is not None:
-            with contextlib.suppress(*TRANSIENT_ERRORS):
-                await self._pubsub.aclose()
+        await self._close_pubsub(self._pubsub)
         self._pubsub = None
+
+    @staticmethod
+    async def _close_pubsub(pubsub: Any) -> None:
+        if pubsub is not None:
+            with contextlib.suppress(*TRANSIENT_ERRORS, TimeoutError):
+                await asyncio.wait_for(pubsub.aclose(), _CLOSE_TIMEOUT_S)
+
+    async def _reopen(self) -> None:
+        """Replace a failed pubsub by a new one (another node on Cluster) with every channel."""
+        async with self._lock:
+            old = self._pubsub
+            failed = connection.pubsub_node_name(old) if old is not None else None
+            self._pubsub = None
+            await self._close_pubsub(old)
+            pubsub = await connection.open_async_pubsub(
+                self._client, avoid=[failed] if failed else ())
+            try:
+                if self._queues:
+                    await pubsub.subscribe(*self._queues)
+            except BaseException:
+                await self._close_pubsub(pubsub)
+                raise
+            self._pubsub = pubsub
+            self._stale = False
+            where = connection.pubsub_node_name(pubsub)
+            log.info("pub/sub reconnected%s; %d channel(s) subscribed again",
+                     f" on {where}" if where else "", len(self._queues))
+        self._broadcast(None)  # messages may have been missed while no connection listened
 
     async def _read(self) -> None:
         backoff = 0.05
         while self._queues:
             try:
+                if self._stale or self._pubsub is None:
+                    await self._reopen()
                 message = await self._pubsub.get_message(timeout=1.0)
                 backoff = 0.05
             except TRANSIENT_ERRORS as exc:
-                log.warning("pub/sub connection lost (%s); waiters re-read their tasks", exc)
-                self._broadcast(None)
+                # Waiters are told (None) once a new connection listens, not now: reading their
+                # records while Redis (or a failing-over shard) is away would only fail.
+                if not self._stale:
+                    log.warning("pub/sub connection lost (%s); reconnecting", exc)
+                    self._stale = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
