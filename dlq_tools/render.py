@@ -18,17 +18,25 @@ REPORT_ITEMS_SHOWN = 50
 
 
 def _table(console: Console, headers: list[str], rows: list[list[str]], right: set[str],
-           title: str | None = None) -> None:
-    """A table whose last column (a message) is cut to what the console has room for."""
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers[:-1])]
-    room = max(12, console.width - sum(widths) - 3 * len(widths) - 1)
+           title: str | None = None, cut_last: bool = True) -> None:
+    """A table whose last column (a message) is cut to the room left (`cut_last`); the other
+    columns (ids, which people copy) are never cut: on a console too narrow for them the table
+    is printed wider than the console rather than mangled."""
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    fixed = sum(widths[:-1]) + 3 * (len(widths) - 1) + 1
+    room = max(20, console.width - fixed) if cut_last else widths[-1]
     table = Table(show_edge=False, pad_edge=False, header_style="bold", title=title,
                   title_justify="left")
     for h in headers:
-        table.add_column(h, no_wrap=True, overflow="ellipsis", justify="right" if h in right else "left")
+        table.add_column(h, no_wrap=True, justify="right" if h in right else "left")
     for row in rows:
         table.add_row(*(escape(c) for c in row[:-1]), escape(one_line(row[-1], room)))
-    console.print(table)
+    width = fixed + room
+    if width <= console.width:
+        console.print(table)
+    else:
+        Console(file=console.file, width=width, force_terminal=console.is_terminal,
+                no_color=console.no_color, highlight=False).print(table)
 
 
 def letters_table(console: Console, items: list[DeadLetter], now_ms: int) -> None:
@@ -97,19 +105,14 @@ def stats(console: Console, s: Stats) -> None:
     if not s.capabilities:
         console.print("The DLQ is empty.")
         return
-    table = Table(show_edge=False, header_style="bold")
-    for name in ("capability", "reason", "count", "oldest (UTC)", "newest (UTC)"):
-        table.add_column(name, no_wrap=True, overflow="ellipsis",
-                         justify="right" if name == "count" else "left")
+    rows = []
     for c in s.capabilities:
-        table.add_row(f"[bold]{escape(c.capability)}[/bold]", "[bold]all[/bold]",
-                      f"[bold]{c.total}[/bold]", short_time(c.oldest_ms), short_time(c.newest_ms))
-        for reason, n in sorted(c.by_reason.items()):
-            table.add_row("", reason, str(n), "", "")
+        rows.append([c.capability, "(all)", str(c.total), short_time(c.oldest_ms), short_time(c.newest_ms)])
+        rows += [["", reason, str(n), "", ""] for reason, n in sorted(c.by_reason.items())]
     if len(s.capabilities) > 1:
-        table.add_row("[bold]all[/bold]", "", f"[bold]{s.total}[/bold]", short_time(s.oldest_ms),
-                      short_time(s.newest_ms))
-    console.print(table)
+        rows.append(["(all)", "(all)", str(s.total), short_time(s.oldest_ms), short_time(s.newest_ms)])
+    _table(console, ["capability", "reason", "count", "oldest (UTC)", "newest (UTC)"], rows, {"count"},
+           cut_last=False)
     if s.top_errors:
         rows = [[str(e.count), ", ".join(e.capabilities), e.error or "(no message)"] for e in s.top_errors]
         _table(console, ["count", "capabilities", "error"], rows, {"count"}, title="top errors")
