@@ -107,7 +107,7 @@ class RqRow(Row):
         stamps: list[float] = []
         pipe = self.conn.pipeline(transaction=False)
         for job_id in ids:
-            pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)
+            pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)  # type: ignore[no-untyped-call]
         for reply in pipe.execute():
             if reply:
                 stamps.append(float(reply[0][0].decode().split("-")[0]))

@@ -28,11 +28,11 @@ def build(url: str, namespace: str) -> tuple[Any, Any, Any]:
 
     from bench.workers.tasks import noop
 
-    broker = RedisBroker(url=url, namespace=namespace)
-    backend = RedisBackend(url=url, namespace=f"{namespace}-results")
-    broker.add_middleware(Results(backend=backend))
-    actor = dramatiq.actor(noop, actor_name=ACTOR, queue_name=QUEUE, store_results=True,
-                           broker=broker)
+    broker: Any = RedisBroker(url=url, namespace=namespace)  # type: ignore[no-untyped-call]
+    backend: Any = RedisBackend(url=url, namespace=f"{namespace}-results")  # type: ignore[no-untyped-call]
+    broker.add_middleware(Results(backend=backend))  # type: ignore[no-untyped-call]
+    declare: Any = dramatiq.actor
+    actor = declare(noop, actor_name=ACTOR, queue_name=QUEUE, store_results=True, broker=broker)
     return broker, backend, actor
 
 
@@ -47,7 +47,7 @@ def main() -> None:
     args = parser.parse_args()
     span = Span()
 
-    class Stamp(dramatiq.Middleware):  # type: ignore[misc]
+    class Stamp(dramatiq.Middleware):
         def after_process_message(self, broker: Any, message: Any, *, result: Any = None,
                                   exception: Any = None) -> None:
             span.mark(time.time() * 1000)

@@ -10,6 +10,7 @@ per-task list a waiter can BLPOP, with a TTL), one XACK for the batch, a done co
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import redis
 
@@ -35,7 +36,7 @@ def main() -> None:
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--consumer", required=True)
     args = parser.parse_args()
-    r = redis.Redis.from_url(args.url)
+    r: Any = redis.Redis.from_url(args.url)
     stream, done = keys(args.prefix)
     res_prefix = f"{args.prefix}:res:".encode()
     span = Span()

@@ -12,6 +12,7 @@ dispatcher is what is measured.
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 import redis
 
@@ -39,7 +40,7 @@ def main() -> None:
     parser.add_argument("--cap", required=True)
     parser.add_argument("--agents", type=int, required=True)
     args = parser.parse_args()
-    r = redis.Redis.from_url(args.url, decode_responses=True)
+    r: Any = redis.Redis.from_url(args.url, decode_responses=True)
     keys = CapabilityKeys(args.prefix, args.cap)
     wake = Channels(args.prefix).wake
     streams = {keys.inbox(agent): ">" for agent in agent_ids(args.agents)}
