@@ -149,17 +149,12 @@ def _preview(conn: Conn, chunk: list[Target], options: ReplayOptions) -> list[Ou
     with conn.errors():
         pipe = conn.redis.pipeline(transaction=False)
         for t in chunk:
-            keys = conn.keys(t.capability)
-            pipe.xrange(keys.dlq, t.entry_id, t.entry_id)
             local = split_task_id(t.task_id)[1] if t.task_id else "-"
-            pipe.hmget(keys.task(local), "state", "priority")
+            pipe.hmget(conn.keys(t.capability).task(local), "state", "priority")
         replies = pipe.execute()
     out = []
-    for i, t in enumerate(chunk):
-        entries, (state, priority) = replies[2 * i], replies[2 * i + 1]
-        if not entries:
-            out.append(Outcome(t, "gone", "no longer in the DLQ"))
-        elif not t.task_id:
+    for t, (state, priority) in zip(chunk, replies, strict=True):
+        if not t.task_id:
             out.append(Outcome(t, "malformed", "a raw entry has no task to replay"))
         elif state and state != "failed":
             out.append(Outcome(t, "active", f"the task is {state} already; left alone"))

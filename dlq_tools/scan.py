@@ -1,7 +1,8 @@
 """Walking a dead-letter stream page by page, filtered on the server (dlq_scan.lua).
 
-Each script call examines at most SCAN_BUDGET entries and returns only the matches, so Redis is
-never blocked for long and only what is asked for crosses the wire. Stream entry ids are the
+Each script call examines at most SCAN_BUDGET entries (a few milliseconds of Redis time for
+entries of 2 KB) and returns only the matches, so Redis is never blocked for long and only what
+is asked for crosses the wire. Stream entry ids are the
 server's time of dead-lettering, so a `since` bound also narrows the range itself (with a margin:
 the id and the `dead_at` field are read a moment apart, and imported entries are newer than their
 `dead_at`); the exact test on `dead_at` happens in the script.
@@ -16,7 +17,7 @@ from dlq_tools.conn import Conn
 from dlq_tools.models import Filter
 from dlq_tools.parsing import entry_key
 
-SCAN_BUDGET = 2000
+SCAN_BUDGET = 500
 PAGE = 500
 ID_MARGIN_MS = 60_000
 

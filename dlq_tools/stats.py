@@ -14,7 +14,7 @@ from dlq_tools.calls import parse_stats, stats_call
 from dlq_tools.conn import Conn
 from dlq_tools.parsing import iso_ms
 
-STATS_BUDGET = 2000
+STATS_BUDGET = 500
 ERROR_CUT = 160
 
 

@@ -24,40 +24,46 @@ else
   entries = redis.call('XRANGE', stream, ARGV[2], ARGV[3], 'COUNT', budget)
 end
 
+-- The fields a match returns, by mode ('full': all of them).
 local function project(flat)
-  local f = {}
-  for i = 1, #flat, 2 do f[flat[i]] = flat[i + 1] end
-  if mode == 'full' then return f, flat end
+  if mode == 'full' then return flat end
   local out = {}
-  if mode == 'ids' then
-    for _, name in ipairs({'task_id', 'reason', 'dead_at', 'source'}) do
-      out[#out + 1] = name
-      out[#out + 1] = f[name] or ''
-    end
-    return f, out
-  end
   for i = 1, #flat, 2 do
     local name = flat[i]
-    if name ~= 'record' and name ~= 'history' and name ~= 'raw' then
+    if mode == 'ids' then
+      if name == 'task_id' or name == 'reason' or name == 'dead_at' or name == 'source' then
+        out[#out + 1] = name
+        out[#out + 1] = flat[i + 1]
+      end
+    elseif name ~= 'record' and name ~= 'history' and name ~= 'raw' then
       out[#out + 1] = name
       out[#out + 1] = flat[i + 1]
     end
   end
-  return f, out
+  return out
+end
+
+-- Whether an entry passes the filters (one pass over its fields, no table built).
+local function matches(flat)
+  local r, a, t, dead = '', '', '', 0
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    if name == 'reason' then r = flat[i + 1]
+    elseif name == 'last_agent_id' then a = flat[i + 1]
+    elseif name == 'task_id' then t = flat[i + 1]
+    elseif name == 'dead_at' then dead = tonumber(flat[i + 1]) or 0 end
+  end
+  return (reason == '' or r == reason) and (agent == '' or a == agent)
+    and (task_id == '' or t == task_id) and (min_dead == 0 or dead >= min_dead)
+    and (max_dead == 0 or dead < max_dead)
 end
 
 local out = {'', 0}
 local examined, matched = 0, 0
 for _, entry in ipairs(entries) do
   examined = examined + 1
-  local f, fields = project(entry[2])
-  local dead = tonumber(f['dead_at']) or 0
-  if (reason == '' or f['reason'] == reason)
-      and (agent == '' or f['last_agent_id'] == agent)
-      and (task_id == '' or f['task_id'] == task_id)
-      and (min_dead == 0 or dead >= min_dead)
-      and (max_dead == 0 or dead < max_dead) then
-    out[#out + 1] = {entry[1], fields}
+  if matches(entry[2]) then
+    out[#out + 1] = {entry[1], project(entry[2])}
     matched = matched + 1
   end
   out[1] = entry[1]
