@@ -176,15 +176,19 @@ class Run:
     def table(self, active: dict[str, Row]) -> None:
         for rep in range(1, self.b.sizes.reps + 1):
             for key, row in list(active.items()):
+                entry = self.result["rows"][key]
                 try:
-                    figures = row.run_rep(self.phase_logger(rep, row.title))
-                    self.result["rows"][key]["reps"].append(figures)
+                    entry["reps"].append(row.run_rep(self.phase_logger(rep, row.title)))
                 except Exception as exc:
-                    self.error(row.title, exc)
-                    self.result["rows"][key].update(status="error", note=str(exc)[:300])
-                    del active[key]
+                    # A failed repetition loses that repetition only; the others still count.
+                    self.error(f"{row.title} (repetition {rep})", exc)
+                    entry.setdefault("failed_reps", []).append({"rep": rep, "error": str(exc)[:500]})
+                    entry["note"] = f"repetition {rep} failed: {str(exc)[:300]}"
                 finally:
                     self.b.sup.forget_dead()
+        for entry in self.result["rows"].values():
+            if entry.get("failed_reps"):
+                entry["status"] = "partial" if entry["reps"] else "error"
 
     def extras(self) -> None:
         b, extra = self.b, self.result["reach_extra"]
@@ -267,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
             "sizes": vars(opts.sizes), "reach_concurrency": opts.reach_concurrency,
             "redis": target.info(), "machine": machine(), "versions": versions(), "git": git_state(),
+            "load_average_at_end": os.getloadavg(),
         }
         result["figures"] = report.aggregate(result["rows"])
         result["ratios"] = report.ratios(result["figures"])

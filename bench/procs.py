@@ -221,6 +221,16 @@ def cpu_seconds(pid: int) -> float | None:
     return sum(int(v) for v in fields[11:15]) / _CLK_TCK
 
 
+def machine_busy_seconds() -> float:
+    """CPU seconds the whole machine spent busy (all CPUs, /proc/stat), for noise accounting."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except (OSError, IndexError):
+        return 0.0
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / _CLK_TCK
+
+
 def set_affinity(pid: int, cpus: set[int] | None) -> None:
     """Pin `pid` (all its threads) to `cpus`; None means every CPU. Best effort."""
     target = cpus if cpus is not None else set(range(os.cpu_count() or 1))

@@ -58,6 +58,8 @@ METRICS = [
     Metric("commands_per_task", "Redis cmds/task", False, lambda r: _redis(r, "commands_per_task"), 1),
     Metric("redis_cpu_us", "Redis CPU µs/task", False, lambda r: _redis(r, "redis_cpu_us_per_task"), 1),
     Metric("process_cpu_us", "process CPU µs/task", False, _proc_cpu, 1),
+    Metric("foreign_cpu_pct", "other load on the machine %", False,
+           lambda r: r.get("drain_2", {}).get("foreign_cpu_pct"), 0),
 ]
 RATIO_METRICS = ["enqueue_one", "enqueue_many", "drain_1", "drain_2", "rt_p50_ms", "rt_p99_ms",
                  "worker_rss_mb", "redis_cpu_us", "process_cpu_us"]

@@ -17,6 +17,7 @@ says how many Redis commands and how much CPU each task cost.
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from bench.context import Bench, drain_timeout
-from bench.procs import Proc, ProcessFailed, stop_all
+from bench.procs import Proc, ProcessFailed, cpu_seconds, machine_busy_seconds, stop_all
 from bench.stats import percentile
 
 PAYLOAD_KEY = "i"
@@ -152,9 +153,15 @@ class Row(ABC):
             interval = min(interval * 1.5, 0.05)
 
     def measured_drain(self, n: int, ws: Workers) -> dict[str, Any]:
-        """Release the workers, wait for the drain, return its figures."""
+        """Release the workers, wait for the drain, return its figures.
+
+        `foreign_cpu_pct` is the CPU the rest of the machine used meanwhile (busy time of all
+        CPUs minus this row's processes, Redis and the harness), as a share of all CPUs: a
+        drain measured while something else was busy says so in the JSON.
+        """
         before = self.b.target.snapshot()
         cpu0 = ws.cpu()
+        busy0, own0, t0 = machine_busy_seconds(), cpu_seconds(os.getpid()) or 0.0, time.monotonic()
         self.release(ws)
         # A process that release() started (Reach's dispatcher) counts from the end of its
         # start-up, which is when release() returns.
@@ -162,9 +169,12 @@ class Row(ABC):
         self.wait_drained(n, ws)
         after = self.b.target.snapshot()
         cpu1 = ws.cpu()
+        busy1, own1, t1 = machine_busy_seconds(), cpu_seconds(os.getpid()) or 0.0, time.monotonic()
         drain = self.drain_times(n, ws)
         worker_cpu = sum(cpu1[p.name] - cpu0[p.name] for p in ws.workers)
         helper_cpu = sum(cpu1[p.name] - cpu0[p.name] for p in ws.helpers)
+        ours = worker_cpu + helper_cpu + (after.cpu_s - before.cpu_s) + (own1 - own0)
+        foreign = max(0.0, (busy1 - busy0) - ours) / max(t1 - t0, 1e-9) / (os.cpu_count() or 1)
         return {
             "rate": drain.rate,
             "seconds": drain.seconds,
@@ -172,6 +182,7 @@ class Row(ABC):
             "redis": after.delta(before, n),
             "worker_cpu_us_per_task": round(worker_cpu * 1e6 / n, 1),
             "helper_cpu_us_per_task": round(helper_cpu * 1e6 / n, 1) if ws.helpers else None,
+            "foreign_cpu_pct": round(100 * foreign, 1),
         }
 
     def run_rep(self, on_phase: Callable[[str], None]) -> dict[str, Any]:
