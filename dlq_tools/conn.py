@@ -6,7 +6,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import redis
+
 from broker import connection
+from broker.errors import ReachError
 from broker.ids import CAPABILITY_RE
 from broker.keys import CapabilityKeys, RegistryKeys
 from broker.registry import server_ms
@@ -43,8 +46,11 @@ class Conn:
 
     @contextmanager
     def errors(self) -> Iterator[None]:
-        """Redis being away is BrokerUnavailable (exit 1 in the CLI), with no password shown."""
+        """Redis being away is BrokerUnavailable, a refused command a ReachError (both exit 1 in
+        the CLI, one line, no password shown)."""
         try:
             yield
         except connection.TRANSIENT_ERRORS as exc:
             raise connection.unavailable(exc, self.settings) from exc
+        except redis.exceptions.ResponseError as exc:
+            raise ReachError(f"Redis refused a command: {exc}") from exc

@@ -121,7 +121,8 @@ def stats(console: Console, s: Stats) -> None:
 _VERBS = {"replayed": "replayed", "would_replay": "would be replayed", "purged": "purged",
           "would_purge": "would be purged", "gone": "already gone from the DLQ",
           "malformed": "skipped (malformed)", "active": "left alone (task active)",
-          "full": "left in the DLQ (queue full)", "mismatch": "skipped (entry holds another task)"}
+          "full": "left in the DLQ (queue full)", "mismatch": "skipped (entry holds another task)",
+          "corrupt": "left in the DLQ (record unusable)"}
 
 
 def report(console: Console, r: Report) -> None:

@@ -191,4 +191,6 @@ def _describe(status: str, detail: str) -> str:
         return "a raw entry has no task to replay"
     if status == "mismatch":
         return "the entry holds another task"
+    if status == "corrupt":
+        return "the task's record is gone and the dead letter's copy is unusable; left in the DLQ"
     return detail

@@ -104,6 +104,8 @@ def _check(line: Any) -> str | None:
         return f"missing field(s) {', '.join(missing)}"
     if not fields["dead_at"].isdigit():
         return f"dead_at must be milliseconds, got {fields['dead_at']!r}"
+    if not _json_is(fields.get("record", "{}"), dict) or not _json_is(fields.get("history", "[]"), list):
+        return "record must be a JSON object and history a JSON array"
     if fields["task_id"]:
         try:
             task_cap, _ = split_task_id(fields["task_id"])
@@ -112,6 +114,13 @@ def _check(line: Any) -> str | None:
         if task_cap != cap:
             return f"task {fields['task_id']} does not belong to capability {cap!r}"
     return None
+
+
+def _json_is(text: str, kind: type) -> bool:
+    try:
+        return isinstance(json.loads(text), kind)
+    except ValueError:
+        return False
 
 
 def _identity(fields: dict[str, str]) -> str:

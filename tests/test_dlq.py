@@ -392,6 +392,14 @@ def test_replay_leaves_active_tasks_alone_and_stops_when_the_queue_is_full(
         refs = [f"full/{dup}", *(h.task_id for h in handles[1:])]
         report = d.replay(d.select(refs), ReplayOptions(batch=1))
     assert [o.status for o in report.outcomes] == ["active", "replayed", "replayed", "full"]
+    # A dead letter whose task record expired and whose own copy of it is unusable stays put.
+    lost = "full:01KZZZZZZZZZZZZZZZZZZZZZZZ"
+    bad = r.xadd(ck.dlq, {"task_id": lost, "reason": "failure", "error": "", "attempts": "1",
+                          "last_agent_id": "", "dead_at": "1", "record": "not json", "history": "[]"})
+    with DeadLetters(settings) as d:
+        assert d.replay(d.select([f"full/{bad}"])).counts() == {"corrupt": 1}
+    assert not r.exists(ck.task(lost.split(":")[1])) and r.xrange(ck.dlq, bad, bad)
+    r.xdel(ck.dlq, bad)
     assert report.stopped and "full" in report.stopped
     assert r.zcard(ck.queue) == 3 and r.xlen(ck.dlq) == 2
     done = dlq(settings, "replay", "--all", "--yes")
@@ -480,6 +488,9 @@ def test_bad_arguments_get_one_line_and_exit_2(settings: Settings, client: Reach
     handle = fail_directly(settings, client, "bad", [({"n": 1}, "failure", "boom")])[0]
     bad_file = tmp_path / "bad.jsonl"
     bad_file.write_text('{"v": 1, "capability": "bad", "entry_id": "1-0", "fields": {}}\n')
+    bad_record = tmp_path / "bad_record.jsonl"
+    bad_record.write_text(json.dumps({"v": 1, "capability": "bad", "entry_id": "1-0", "fields": {
+        "task_id": "", "reason": "malformed", "dead_at": "1", "record": "[1]"}}) + "\n")
     cases = [
         (["show", "nope"], "invalid dead-letter id"),
         (["show", "bad/12"], "invalid dead-letter id"),
@@ -500,6 +511,7 @@ def test_bad_arguments_get_one_line_and_exit_2(settings: Settings, client: Reach
         (["replay", "--all"], "needs --yes"),
         (["import", str(tmp_path / "missing.jsonl")], "cannot read"),
         (["import", str(bad_file)], "bad.jsonl:1: missing field(s) task_id, reason, dead_at"),
+        (["import", str(bad_record)], "bad_record.jsonl:1: record must be a JSON object"),
     ]
     for args, message in cases:
         done = dlq(settings, *args)

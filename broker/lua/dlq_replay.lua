@@ -18,7 +18,8 @@
 -- creation, would fail a replayed task at once).
 -- Returns for each entry {status, detail}: 'replayed' (detail: priority), 'gone' (the entry is no
 -- longer in the stream), 'malformed' (a raw entry, no task to replay), 'mismatch' (the entry
--- holds another task), 'active' (detail: the task's state), 'full' (detail: queue depth).
+-- holds another task), 'active' (detail: the task's state), 'full' (detail: queue depth),
+-- 'corrupt' (the record is gone and the entry's copy of it is unusable).
 local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[2]), chan = ARGV[3], ttl = 0}
 local dlq, queue = KEYS[1], KEYS[2]
 local aging, max_depth = tonumber(ARGV[1]), tonumber(ARGV[5])
@@ -29,13 +30,21 @@ local depth = redis.call('ZCARD', queue)
 local out = {}
 local replayed = 0
 
-local function rebuild(task_key, events_key, record_json, history)
-  local record = cjson.decode(record_json)
+-- The entry's record as a flat field list, or nil unless it is a JSON object of scalars that
+-- names this task.
+local function record_fields(record_json, task_id)
+  local ok, record = pcall(cjson.decode, record_json)
+  if not ok or type(record) ~= 'table' or record['id'] ~= task_id then return nil end
   local flat = {}
   for k, v in pairs(record) do
+    if type(k) ~= 'string' or (type(v) ~= 'string' and type(v) ~= 'number') then return nil end
     flat[#flat + 1] = k
     flat[#flat + 1] = tostring(v)
   end
+  return flat
+end
+
+local function rebuild(task_key, events_key, flat, history)
   if #flat > 0 then redis.call('HSET', task_key, unpack(flat)) end
   local batch = {}
   for ev in string.gmatch(history, '[^\n]+') do
@@ -67,15 +76,17 @@ for i = 0, n - 1 do
       status = 'mismatch'
     elseif state and state ~= 'failed' then
       status, detail = 'active', state
+    elseif not state and not record_fields(e['record'] or '', task_id) then
+      status = 'corrupt'
     elseif depth >= max_depth then
       status, detail = 'full', tostring(depth)
     else
       if not state then
         -- The record expired with the result TTL: rebuild it and its events from the entry.
         redis.call('DEL', task_key, events_key)
-        rebuild(task_key, events_key, e['record'] or '{}', history)
+        rebuild(task_key, events_key, record_fields(e['record'], task_id), history)
       elseif redis.call('EXISTS', events_key) == 0 then
-        rebuild(task_key, events_key, '{}', history)
+        rebuild(task_key, events_key, {}, history)
       end
       redis.call('PERSIST', task_key)
       redis.call('PERSIST', events_key)
