@@ -5,7 +5,7 @@
     python -m bench --only reach,bullmq  # some rows / figures only (see --help for the names)
     REDIS_URL=redis://host:6379/5 python -m bench   # on that server (only our keys are deleted)
 
-Output: bench/results/<date>.json and <date>.png (the directory is git-ignored). Exit status 0
+Output: bench/results/<date>.json, .md (the tables) and .png (the directory is git-ignored). Exit status 0
 when every selected figure was measured or skipped with a note (e.g. no Node.js), 1 when one
 failed, 130 on Ctrl-C. Every process the harness started is killed in every case.
 """
@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from bench import dispatch_bench, reach_extra, report
+from bench import dispatch_bench, markdown, reach_extra, report
 from bench.context import Bench, Options
 from bench.plot import plot
 from bench.procs import ROOT, Supervisor
@@ -282,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         note = plot(png_path, result)
         result["plot"] = str(png_path) if note is None else note
         report.write_json(json_path, result)
+        json_path.with_suffix(".md").write_text(markdown.render(result))
         console.print()
         report.print_tables(console, result)
         console.print(f"\nJSON: {json_path}\nplot: {result['plot']}")

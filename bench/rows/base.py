@@ -165,6 +165,7 @@ class Row(ABC):
         self.release(ws)
         # A process that release() started (Reach's dispatcher) counts from the end of its
         # start-up, which is when release() returns.
+        cpu_start = cpu0
         cpu0 = {**ws.cpu(), **cpu0}
         self.wait_drained(n, ws)
         after = self.b.target.snapshot()
@@ -173,7 +174,8 @@ class Row(ABC):
         drain = self.drain_times(n, ws)
         worker_cpu = sum(cpu1[p.name] - cpu0[p.name] for p in ws.workers)
         helper_cpu = sum(cpu1[p.name] - cpu0[p.name] for p in ws.helpers)
-        ours = worker_cpu + helper_cpu + (after.cpu_s - before.cpu_s) + (own1 - own0)
+        ours = sum(cpu1[name] - cpu_start.get(name, 0.0) for name in cpu1)
+        ours += (after.cpu_s - before.cpu_s) + (own1 - own0)
         foreign = max(0.0, (busy1 - busy0) - ours) / max(t1 - t0, 1e-9) / (os.cpu_count() or 1)
         return {
             "rate": drain.rate,

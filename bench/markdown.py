@@ -1,0 +1,94 @@
+"""The run as Markdown tables (written next to the JSON; pasted into docs/benchmarks.md).
+
+    python -m bench.markdown bench/results/<date>.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.report import METRICS, RATIO_METRICS, fmt
+
+
+def render(result: dict[str, Any]) -> str:
+    meta, rows, agg = result["meta"], result["rows"], result["figures"]
+    machine, sizes, redis = meta["machine"], meta["sizes"], meta["redis"]
+    load = meta.get("machine", {}).get("load_average_at_start")
+    out = [
+        f"Run of {meta['started']} (`{meta['command']}`, {meta['duration_s'] / 60:.0f} min): "
+        f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, Linux "
+        f"{machine['kernel']}, Python {machine['python']}; Redis {redis['redis_version']}"
+        f"{' (embedded, started by the harness)' if redis['embedded'] else ''}; "
+        f"load average at start {', '.join(f'{x:.1f}' for x in load) if load else '?'}"
+        f", at end {', '.join(f'{x:.1f}' for x in meta.get('load_average_at_end') or [])}. "
+        f"Reach commit `{(meta['git'].get('commit') or '?')[:10]}`"
+        f"{' (with uncommitted changes)' if meta['git'].get('reach_code_dirty') else ''}. "
+        f"{sizes['n']:,} tasks per enqueue/drain, {sizes['rt_n']} round trips, median of "
+        f"{sizes['reps']} repetitions.",
+        "",
+    ]
+    shown = [k for k in rows if k in agg]
+    out.append("| figure | " + " | ".join(rows[k]["title"] for k in shown) + " |")
+    out.append("|---|" + "---:|" * len(shown))
+    for m in METRICS:
+        out.append(f"| {m.label} | " + " | ".join(fmt(agg[k][m.key]["median"], m.digits) for k in shown)
+                   + " |")
+    out.append("")
+    for row in rows.values():
+        if row.get("note"):
+            out.append(f"- {row['title']} ({row['status']}): {row['note']}")
+    if result.get("ratios"):
+        peers = list(result["ratios"])
+        labels = {m.key: m.label for m in METRICS}
+        out += ["", "Reach / peer, same run:", "",
+                "| figure | " + " | ".join(rows[k]["title"] for k in peers) + " |",
+                "|---|" + "---:|" * len(peers)]
+        for name in RATIO_METRICS:
+            out.append(f"| {labels[name]} | " + " | ".join(
+                fmt(result["ratios"][k][name], 2) for k in peers) + " |")
+    ro = result.get("reach_only") or {}
+    if ro:
+        out += ["", "Reach only:", "", "| figure | value |", "|---|---:|"]
+        for agents, d in (ro.get("dispatcher") or {}).items():
+            util = d["dispatcher_cpu_util"]
+            out.append(f"| dispatcher decisions/s, {int(agents):,} agents (process on one core) | "
+                       f"{fmt(d['decisions_per_s'])} (dispatcher CPU {fmt(util * 100 if util else None)}%) |")
+            out.append(f"| … per dispatcher CPU-second / routing code alone per CPU-second | "
+                       f"{fmt(d['decisions_per_cpu_s'])} / {fmt(d['routing_code_decisions_per_cpu_s'])} |")
+        mem = ro.get("memory")
+        if mem:
+            out.append(f"| Redis bytes per queued task beyond its payload ({mem['queued']:,} queued) | "
+                       f"{fmt(mem['bytes_per_task_beyond_payload'])} |")
+            out.append("| … MEMORY USAGE per task: " + ", ".join(
+                f"{k} {v:,.0f}" for k, v in mem["breakdown_bytes_per_task"].items()) + " | |")
+        for depth, value in (ro.get("drain_by_depth") or {}).items():
+            out.append(f"| drain /s, 2 workers, {int(depth):,} queued | {fmt(value)} |")
+        for workers, value in (ro.get("drain_by_workers") or {}).items():
+            out.append(f"| drain /s, {workers} worker process(es), {sizes['n']:,} queued | {fmt(value)} |")
+        over = ro.get("overhead_100ms")
+        if over:
+            out.append(f"| 100 ms task: time in the dispatcher p50 / p99 ms | "
+                       f"{fmt(over['in_dispatcher_ms'], 1)} / {fmt(over['in_dispatcher_p99_ms'], 1)} "
+                       f"({fmt(over['dispatcher_share_pct'], 1)}%) |")
+            out.append(f"| 100 ms task: all Reach overhead p50 / p99 ms | "
+                       f"{fmt(over['total_overhead_ms'], 1)} / {fmt(over['total_overhead_p99_ms'], 1)} "
+                       f"({fmt(over['overhead_share_pct'], 1)}%) |")
+    if result.get("targets"):
+        out += ["", "Targets of issue 7:", "", "| target | measured | goal | met |", "|---|---:|---|---|"]
+        for t in result["targets"]:
+            met = {True: "yes", False: "**no**", None: "—"}[t["met"]]
+            out.append(f"| {t['target']} | {fmt(t['value'], 2)} | {t['goal']} | {met} |")
+    return "\n".join(out) + "\n"
+
+
+def main() -> None:
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m bench.markdown RESULT.json")
+    print(render(json.loads(Path(sys.argv[1]).read_text())), end="")
+
+
+if __name__ == "__main__":
+    main()
