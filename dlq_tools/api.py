@@ -103,22 +103,24 @@ class DeadLetters:
             return Target(ref.capability, ref.entry_id, fields.get("task_id") or None,
                           fields.get("reason", ""))
         assert ref.task_id is not None
-        for f in self._task_windows(ref):
+        for f, newest_id in self._task_windows(ref):
             for entry_id, fields in scan(self.conn, ref.capability, f, newest_first=True, mode="ids",
-                                         limit=1, task_id=ref.task_id):
+                                         after=newest_id, inclusive=True, limit=1, task_id=ref.task_id):
                 return Target(ref.capability, entry_id, ref.task_id, fields.get("reason", ""))
         raise UnknownDeadLetter(ref)
 
-    def _task_windows(self, ref: Ref) -> builtins.list[Filter]:
-        """Where to look for a task's entry: around its recorded end first, then since its birth."""
+    def _task_windows(self, ref: Ref) -> builtins.list[tuple[Filter, str | None]]:
+        """Where to look for a task's entry, as (filter, newest entry id to start from): around
+        the end its record notes first (entry ids are the server time of dead-lettering), then
+        everything since the task was made."""
         assert ref.task_id is not None
         local = split_task_id(ref.task_id)[1]
         with self.conn.errors():
             finished = self.conn.redis.hget(self.conn.keys(ref.capability).task(local), "finished_at")
-        windows = []
+        windows: builtins.list[tuple[Filter, str | None]] = []
         if finished and finished.isdigit() and int(finished) > 0:
-            windows.append(Filter(since_ms=int(finished) - 60_000, until_ms=int(finished) + 60_000))
-        windows.append(Filter(since_ms=max(1, _ulid_ms(local) - _CLOCK_SKEW_MS)))
+            windows.append((Filter(since_ms=int(finished) - 60_000), f"{int(finished) + 60_000}-0"))
+        windows.append((Filter(since_ms=max(1, _ulid_ms(local) - _CLOCK_SKEW_MS)), None))
         return windows
 
     def get(self, ref: str | Ref) -> DeadLetterDetail:

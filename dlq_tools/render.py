@@ -138,5 +138,5 @@ def report(console: Console, r: Report) -> None:
                   soft_wrap=True)
     if r.stopped:
         left = r.selected - len(r.outcomes)
-        console.print(f"stopped: {escape(r.stopped)}; {left} not attempted, still in the DLQ",
+        console.print(f"stopped: {escape(r.stopped)} ({left} of {r.selected} not reached)",
                       soft_wrap=True)

@@ -100,6 +100,16 @@ def replay(conn: Conn, targets: list[Target], options: ReplayOptions,
         if on_outcome:
             on_outcome(outcome)
 
+    try:
+        _run(conn, targets, options, pacer, report, record)
+    except KeyboardInterrupt:
+        report.stopped = ("interrupted; a batch in flight may have been replayed without being "
+                          "reported: run the same replay again to finish")
+    return report
+
+
+def _run(conn: Conn, targets: list[Target], options: ReplayOptions, pacer: Pacer, report: Report,
+         record: Callable[[Outcome], None]) -> None:
     for capability, group in groupby(targets, key=lambda t: t.capability):
         chosen = list(group)
         for start in range(0, len(chosen), options.batch):
@@ -122,8 +132,7 @@ def replay(conn: Conn, targets: list[Target], options: ReplayOptions,
             if full:
                 report.stopped = (f"the ready queue of {capability!r} is full (depth {full[0]}, "
                                   f"max_queue_depth {conn.settings.max_queue_depth})")
-                return report
-    return report
+                return
 
 
 def _replay_batch(conn: Conn, capability: str, chunk: list[Target], options: ReplayOptions
