@@ -168,8 +168,12 @@ class Run:
                 entry.update(status="skipped", note=note)
                 self.b.console.print(f"[yellow]{row.title} skipped: {note}[/yellow]")
                 continue
-            if row.bulk_note:
-                entry["note"] = row.bulk_note
+            notes = [row.bulk_note] if row.bulk_note else []
+            if row.n < self.b.sizes.n:
+                notes.append(f"{row.n:,} tasks per enqueue and drain (not {self.b.sizes.n:,}): its cost "
+                             "per task is constant and 10,000 would take most of an hour")
+            if notes:
+                entry["note"] = "; ".join(notes)
             active[row.key] = row
         return active
 
@@ -242,6 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         raise KeyboardInterrupt
 
     signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)  # also when started in the background (SIGINT ignored)
     started = time.time()
     run: Run | None = None
     try:

@@ -87,6 +87,9 @@ class Row(ABC):
     """Where the drain timestamps come from (shown in the JSON)."""
     bulk_note: ClassVar[str | None] = None
     """Why there is no bulk enqueue figure, if there is none."""
+    max_n: ClassVar[int | None] = None
+    """At most this many tasks per enqueue/drain (a row whose cost per task is constant and so
+    slow that 10,000 would take most of an hour); said in the row's note."""
 
     def __init__(self, bench: Bench) -> None:
         self.b = bench
@@ -142,6 +145,10 @@ class Row(ABC):
 
     # -- the procedure ----------------------------------------------------------------------
 
+    @property
+    def n(self) -> int:
+        return min(self.b.sizes.n, self.max_n or self.b.sizes.n)
+
     def wait_drained(self, n: int, ws: Workers) -> None:
         deadline = time.monotonic() + drain_timeout(n)
         interval = 0.005
@@ -190,16 +197,17 @@ class Row(ABC):
     def run_rep(self, on_phase: Callable[[str], None]) -> dict[str, Any]:
         """Both phases once; the figures of this repetition."""
         s = self.b.sizes
-        out: dict[str, Any] = {}
+        n = self.n
+        out: dict[str, Any] = {"n": n}
         # Phase A: one at a time, one worker, round trips.
         self.begin()
         try:
             on_phase("enqueue one at a time")
-            out["enqueue_one"] = s.n / self.enqueue(s.n, bulk=False)  # type: ignore[operator]
+            out["enqueue_one"] = n / self.enqueue(n, bulk=False)  # type: ignore[operator]
             ws = self.start_workers(1)
             try:
                 on_phase("drain, 1 worker")
-                out["drain_1"] = self.measured_drain(s.n, ws)
+                out["drain_1"] = self.measured_drain(n, ws)
                 on_phase("round trips")
                 samples = self.round_trips(s.rt_n, ws)
                 out["rt_p50_ms"] = percentile(samples, 50)
@@ -214,14 +222,14 @@ class Row(ABC):
         self.begin()
         try:
             on_phase("enqueue in bulk")
-            seconds = self.enqueue(s.n, bulk=True)
-            out["enqueue_many"] = s.n / seconds if seconds else None
+            seconds = self.enqueue(n, bulk=True)
+            out["enqueue_many"] = n / seconds if seconds else None
             if seconds is None:  # no bulk API: the tasks still have to be queued
-                self.enqueue(s.n, bulk=False)
+                self.enqueue(n, bulk=False)
             ws = self.start_workers(2)
             try:
                 on_phase("drain, 2 workers")
-                out["drain_2"] = self.measured_drain(s.n, ws)
+                out["drain_2"] = self.measured_drain(n, ws)
                 out["worker_rss_kb_2"] = max((p.peak_rss_kb() or 0) for p in ws.workers)
             finally:
                 self.stop_workers(ws)

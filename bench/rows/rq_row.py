@@ -13,7 +13,7 @@ import importlib.util
 import os
 import time
 from datetime import datetime
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.context import Bench
 from bench.procs import ProcessFailed, stop_all
@@ -29,6 +29,8 @@ class RqRow(Row):
     title = "rq Worker"
     kind = "worker"
     clock = "result stream entry id (Redis server clock)"
+    # A fork per job, ~20-40 jobs/s here: 10,000 would take 15 minutes a repetition.
+    max_n: ClassVar[int | None] = 2_000
 
     def __init__(self, bench: Bench) -> None:
         super().__init__(bench)
@@ -148,6 +150,7 @@ class RqRow(Row):
 
 
 class RqSimpleRow(RqRow):
+    max_n = None
     key = "rq-simple"
     title = "rq SimpleWorker"
     kind = "simple"
