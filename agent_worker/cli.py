@@ -10,7 +10,7 @@ import typer
 
 from agent_worker.handlers import resolve_bindings
 from agent_worker.runtime import Worker
-from broker.cliutil import EXIT_USAGE, cli_errors, fail, setup_logging
+from broker.cliutil import EXIT_USAGE, cli_errors, fail, run_app, setup_logging
 from broker.settings import Settings
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
@@ -56,7 +56,7 @@ def serve(
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -86,7 +86,10 @@ class HeartbeatThread(threading.Thread):
     def run(self) -> None:
         interval = self.settings.heartbeat_ms / 1000
         while not self._stop.is_set():
-            self.beat()
+            try:
+                self.beat()
+            except Exception:  # the heartbeat must outlive any bug: a dead beat looks like a dead agent
+                log.exception("heartbeat failed unexpectedly; beating on")
             self._wake.wait(interval)
             self._wake.clear()
         if self._client is not None:

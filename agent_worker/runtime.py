@@ -455,7 +455,7 @@ class Worker:
                     self._reregister.set()
                     continue
                 for status, item in zip(reply, items, strict=True):
-                    if status != "ok":
+                    if status != "ok" and item.ctx.task_id in self.running:  # (not just finished)
                         log.warning("task %s: attempt superseded (%s); stopping it",
                                     item.ctx.task_id, status)
                         self._cancel_running(item)

@@ -15,9 +15,9 @@ the numbers moved enough to be worth writing; otherwise a beat only renews liven
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 WINDOWS_S = (60.0, 300.0, 1800.0)
@@ -32,35 +32,53 @@ def _median(values: list[int]) -> float | None:
     return float(ordered[len(ordered) // 2])
 
 
-@dataclass
 class WorkerStats:
-    done: int = 0
-    succeeded: int = 0
-    failed: int = 0
-    rejected: int = 0
-    recent_ms: deque[int] = field(default_factory=lambda: deque(maxlen=100))
-    baseline_ms: deque[int] = field(default_factory=lambda: deque(maxlen=1000))
-    outcomes: deque[tuple[float, bool]] = field(default_factory=lambda: deque(maxlen=20000))
-    _last_sent: dict[str, Any] = field(default_factory=dict)
-    _last_sent_at: float = 0.0
+    """Counters the event loop updates and the heartbeat thread reads (under one lock)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.done = 0
+        self.succeeded = 0
+        self.failed = 0
+        self.rejected = 0
+        self._recent_ms: deque[int] = deque(maxlen=100)
+        self._baseline_ms: deque[int] = deque(maxlen=1000)
+        # Per-second buckets [second, ok, total] over the longest window.
+        self._buckets: deque[list[int]] = deque()
 
     def record(self, exec_ms: int, agent_ok: bool) -> None:
-        self.recent_ms.append(exec_ms)
-        self.baseline_ms.append(exec_ms)
-        self.outcomes.append((time.monotonic(), agent_ok))
+        second = int(time.monotonic())
+        with self._lock:
+            self._recent_ms.append(exec_ms)
+            self._baseline_ms.append(exec_ms)
+            if not self._buckets or self._buckets[-1][0] != second:
+                self._buckets.append([second, 0, 0])
+                while self._buckets and second - self._buckets[0][0] > WINDOWS_S[-1]:
+                    self._buckets.popleft()
+            bucket = self._buckets[-1]
+            bucket[1] += int(agent_ok)
+            bucket[2] += 1
 
     def latency_p50_ms(self) -> float | None:
-        return _median(list(self.recent_ms))
+        with self._lock:
+            return _median(list(self._recent_ms))
 
     def latency_baseline_ms(self) -> float | None:
-        return _median(list(self.baseline_ms))
+        with self._lock:
+            return _median(list(self._baseline_ms))
 
     def success_rates(self, now: float | None = None) -> list[float | None]:
         now = time.monotonic() if now is None else now
+        with self._lock:
+            buckets = [tuple(b) for b in self._buckets]
         rates: list[float | None] = []
         for window in WINDOWS_S:
-            seen = [ok for at, ok in self.outcomes if now - at <= window]
-            rates.append(sum(seen) / len(seen) if seen else None)
+            ok = total = 0
+            for second, good, seen in buckets:
+                if now - second <= window:
+                    ok += good
+                    total += seen
+            rates.append(ok / total if total else None)
         return rates
 
     def health(self, now: float | None = None) -> float:

@@ -23,7 +23,7 @@ from broker.ids import split_task_id
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.listener import TaskListener
 from broker.models import TaskEvent, TaskStatus
-from broker.results import OUTCOME_FIELDS, outcome, parse_events
+from broker.results import OUTCOME_FIELDS, TERMINAL_STATES, event_ends_story, outcome, parse_events
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
@@ -94,11 +94,14 @@ class AsyncReachClient:
         trace_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         max_attempts: int | None = None,
+        region_strict: bool = True,
+        version: str | None = None,
     ) -> AsyncTaskHandle:
         request = protocol.build_submit_request(
             self.settings, capability, payload, priority=priority, session_id=session_id,
             region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
             deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
+            region_strict=region_strict, version=version,
         )
         return (await self._write([request]))[0]
 
@@ -191,6 +194,7 @@ class AsyncReachClient:
         channel = self._channels.task(task_id)
         listener = self._get_listener()
         last = 0
+        ended = False
         with self._errors():
             queue = await listener.watch(channel)
         try:
@@ -203,8 +207,14 @@ class AsyncReachClient:
                 fresh = parse_events(raw, last)
                 for event in fresh:
                     last = event.seq
+                    ended = event_ends_story(event, ended)
                     yield event
-                    if event.terminal:
+                if fresh and ended:
+                    # The last lifecycle event so far is terminal: done, unless the task was
+                    # replayed meanwhile (then more events follow).
+                    with self._errors():
+                        state = await self._redis.hget(ck.task(local), "state")
+                    if state in TERMINAL_STATES or state is None:
                         return
                 remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:

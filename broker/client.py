@@ -22,7 +22,7 @@ from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
-from broker.results import OUTCOME_FIELDS, outcome, parse_events
+from broker.results import OUTCOME_FIELDS, TERMINAL_STATES, event_ends_story, outcome, parse_events
 from broker.scripts import Scripts
 from broker.settings import Settings
 
@@ -97,11 +97,23 @@ class ReachClient:
         trace_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         max_attempts: int | None = None,
+        region_strict: bool = True,
+        version: str | None = None,
     ) -> TaskHandle:
+        """Queue a task for whichever agent serves `capability`.
+
+        priority 0-9 (higher first; a waiting task gains a level per aging_ms); session_id keeps
+        a conversation on one agent while it is healthy; region limits the task to agents of
+        that region (region_strict=False: prefer them, else anyone); version is a constraint on
+        the agent's version ('2.3' = at least 2.3, or '>=2.3,<3'); idempotency_key returns the
+        first task for a repeated key; timeout_s bounds each attempt, deadline_s the whole task;
+        max_attempts overrides the capability's default.
+        """
         request = protocol.build_submit_request(
             self.settings, capability, payload, priority=priority, session_id=session_id,
             region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
             deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
+            region_strict=region_strict, version=version,
         )
         return self._write([request])[0]
 
@@ -194,6 +206,7 @@ class ReachClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
         last = 0
+        ended = False
         try:
             with self._errors():
                 pubsub.subscribe(self._channels.task(task_id))
@@ -205,8 +218,14 @@ class ReachClient:
                     fresh = parse_events(self._redis.lrange(ck.task_events(local), last, -1), last)
                 for event in fresh:
                     last = event.seq
+                    ended = event_ends_story(event, ended)
                     yield event
-                    if event.terminal:
+                if fresh and ended:
+                    # The last lifecycle event so far is terminal: done, unless the task was
+                    # replayed meanwhile (then more events follow).
+                    with self._errors():
+                        state = self._redis.hget(ck.task(local), "state")
+                    if state in TERMINAL_STATES or state is None:
                         return
                 if not fresh and not self._redis.exists(ck.task(local)):
                     return  # the record expired under us: nothing more will come

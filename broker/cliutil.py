@@ -35,6 +35,25 @@ def fail(message: str, code: int = EXIT_RUNTIME) -> NoReturn:
     raise typer.Exit(code)
 
 
+def run_app(app: typer.Typer) -> None:
+    """Run a Typer app with usage errors as one line on stderr (exit 2), not a boxed panel."""
+    try:  # typer >= 0.16 carries its own copy of click
+        from typer._click.exceptions import ClickException  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - older typer uses click itself
+        from click.exceptions import ClickException  # type: ignore[assignment,unused-ignore]
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as exc:
+        message = exc.format_message()
+        if message:  # (empty when the help was shown because no arguments were given)
+            typer.echo(f"error: {message}", err=True)
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
 def cli_errors(func: F) -> F:
     """Map library errors to one line on stderr and the documented exit code."""
 

@@ -17,6 +17,9 @@ cannot start with '_', so the two never collide).
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
 | P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
+| P:{cap}:health | hash per agent: cf/lf, ok, cs/ls (failures, success, slow) | complete, reclaim | never |
+| P:{cap}:stats | hash of counters (dispatched, reroutes, ...) | dispatchers | never |
+| P:{cap}:explain:{id} | JSON: what one routing round saw | dispatchers | 15 minutes |
 | P:{cap}:idem:{key} | string -> task id | submit | idempotency_ttl |
 | P:{cap}:events | stream, capped | every script | MAXLEN ~ event_feed_maxlen |
 | P:{cap}:dlq | stream of dead letters | dead-lettering | by `reach dlq purge` / retention |
@@ -74,6 +77,14 @@ class CapabilityKeys:
         return f"{self.base}:sessions"
 
     @property
+    def health(self) -> str:
+        return f"{self.base}:health"
+
+    @property
+    def stats(self) -> str:
+        return f"{self.base}:stats"
+
+    @property
     def tokens(self) -> str:
         return f"{self.base}:tokens"
 
@@ -96,6 +107,9 @@ class CapabilityKeys:
 
     def task_done(self, local_id: str) -> str:
         return f"{self.base}:task:{local_id}:done"
+
+    def explain(self, snapshot_id: str) -> str:
+        return f"{self.base}:explain:{snapshot_id}"
 
     def idempotency(self, key: str) -> str:
         return f"{self.base}:idem:{key}"

@@ -83,12 +83,18 @@ def _inbox_loads(client: Any, settings: Settings, pairs: list[Pair]) -> dict[Pai
     return out
 
 
-def agent_rows(client: Any, settings: Settings, capability: str | None = None) -> list[AgentRow]:
+def load_fleet(client: Any, settings: Settings, capability: str | None = None
+               ) -> tuple[int, list[AgentRecord], dict[Pair, tuple[int, int, int]]]:
+    """(server ms now, agents (serving `capability`, if given), their inbox loads)."""
     now, records = _records(client, settings)
     if capability:
         records = [r for r in records if capability in r.capabilities]
     pairs = [(c, r.agent_id) for r in records for c in r.capabilities]
-    loads = _inbox_loads(client, settings, pairs)
+    return now, records, _inbox_loads(client, settings, pairs)
+
+
+def agent_rows(client: Any, settings: Settings, capability: str | None = None) -> list[AgentRow]:
+    now, records, loads = load_fleet(client, settings, capability)
     rows = []
     for r in sorted(records, key=lambda x: x.agent_id):
         mine = [loads.get((c, r.agent_id), (0, 0, 0)) for c in r.capabilities]

@@ -17,6 +17,7 @@ from broker.errors import BadInput, InvalidPriority, QueueFull
 from broker.ids import check_capability, new_task_id, split_task_id
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.settings import Settings
+from broker.versions import parse_spec
 
 MAX_LABEL_LEN = 256
 
@@ -84,6 +85,8 @@ def build_submit_request(
     trace_id: str | None = None,
     metadata: dict[str, Any] | None = None,
     max_attempts: int | None = None,
+    region_strict: bool = True,
+    version: str | None = None,
     intake_entry: str = "",
 ) -> SubmitRequest:
     """Validate everything a producer passes; raise a specific BadInput before touching Redis."""
@@ -101,6 +104,15 @@ def build_submit_request(
     ):
         raise BadInput(f"max_attempts must be an int from 1 to 100, got {max_attempts!r}")
     timeout_ms = _opt_seconds("timeout_s", timeout_s) or settings.timeout_ms_for(capability)
+    routing: dict[str, Any] = {}
+    if not region_strict:
+        if region is None:
+            raise BadInput("region_strict=False needs a region to prefer")
+        routing["region_strict"] = False
+    if version is not None:
+        version = _opt_text("version", version)
+        parse_spec(version)  # BadInput now rather than a task no agent can ever match
+        routing["version"] = version
     return SubmitRequest(
         capability=capability,
         task_id=new_task_id(capability),
@@ -114,6 +126,7 @@ def build_submit_request(
         trace_id=_opt_text("trace_id", trace_id) or secrets.token_hex(8),
         metadata=meta,
         max_attempts=max_attempts or settings.max_attempts_for(capability),
+        routing=codec.dumps(routing) if routing else "",
         intake_entry=intake_entry,
     )
 
@@ -172,16 +185,19 @@ class DispatchResult:
 
 
 def dispatch_call(
-    settings: Settings, capability: str, agent_id: str, max_unread: int, local_ids: Sequence[str]
+    settings: Settings, capability: str, agent_id: str, max_unread: int,
+    tasks: Sequence[str | tuple[str, str]],
 ) -> ScriptCall:
+    """Hand tasks, given as local ids or (local id, explanation JSON), to one agent's inbox."""
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq]
-    for local in local_ids:
-        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
     args: list[str | int | float] = [
-        agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":",
-        settings.result_ttl_ms, *local_ids,
+        agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
     ]
+    for task in tasks:
+        local, why = (task, "") if isinstance(task, str) else task
+        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
+        args += [local, why]
     return ScriptCall("dispatch", keys, args)
 
 
@@ -310,10 +326,10 @@ def complete_call(
     settings: Settings, capability: str, agent_id: str, token: str, done: Sequence[Completion]
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens]
+    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health]
     args: list[str | int | float] = [
         agent_id, token, settings.event_feed_maxlen, settings.prefix + ":",
-        settings.result_ttl_ms, capability,
+        settings.result_ttl_ms, capability, settings.latency_ceiling_ms,
     ]
     for d in done:
         keys += [ck.task(d.local_id), ck.task_events(d.local_id), ck.task_done(d.local_id)]
@@ -367,7 +383,7 @@ def reclaim_call(
 ) -> ScriptCall:
     """Requeue tasks whose lapsed inbox entries the dispatcher (`consumer`) has claimed."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events]
+    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events, ck.health]
     args: list[str | int | float] = [
         agent_id, consumer, settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":",
         settings.result_ttl_ms, capability, reason,

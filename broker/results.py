@@ -26,6 +26,17 @@ def outcome(task_id: str, fields: Sequence[str | None]) -> tuple[bool, Any]:
     return False, None
 
 
+# Events that tell nothing about where the task is (they may follow its terminal event).
+_ASIDES = frozenset({"late_result_rejected", "progress"})
+
+
+def event_ends_story(event: TaskEvent, ended: bool) -> bool:
+    """Whether, after `event`, the latest lifecycle event is a terminal one."""
+    if event.terminal:
+        return True
+    return ended if event.type in _ASIDES else False
+
+
 def parse_events(raw: Sequence[str], after_seq: int) -> list[TaskEvent]:
     """Events newer than `after_seq`, in order; entries that do not parse are skipped."""
     out = []

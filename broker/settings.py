@@ -79,6 +79,22 @@ class Settings(BaseSettings):
     circuit_failures: int = Field(10, ge=1)
     circuit_open_ms: int = Field(10000, gt=0)
     cold_start_ms: int = Field(120000, ge=0)
+    cold_start_max_priority: int = Field(4, ge=0, le=9)
+    """While cold (recovered less than cold_start_ms ago) an agent gets tasks of this priority or lower."""
+    latency_ceiling_ms: int = Field(0, ge=0)
+    """Tasks slower than this count towards ejection (0: no ceiling)."""
+    slow_tasks_to_eject: int = Field(5, ge=1)
+    eject_ms: int = Field(30000, gt=0)
+    """An ejected (too slow) agent gets a single probe task after this long."""
+    slow_factor: float = Field(3.0, gt=1)
+    slow_penalty: float = Field(30.0, ge=0)
+    """Points an agent loses while its latency is above slow_factor x its own baseline."""
+    weight_capacity: float = Field(0.35, ge=0)
+    weight_affinity: float = Field(0.30, ge=0)
+    weight_latency: float = Field(0.20, ge=0)
+    weight_stability: float = Field(0.15, ge=0)
+    affinity_window_ms: int = Field(300000, gt=0)
+    """An agent that succeeded on the capability this recently gets (decaying) affinity."""
     drain_grace_ms: int = Field(30000, ge=0)
     no_agent_timeout_ms: int = Field(0, ge=0)
     """Fail a task still queued after this long with reason no_agent_timeout (0: never)."""

@@ -17,12 +17,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import random
 import time
 from typing import TYPE_CHECKING, Any
 
 import redis
 
-from broker import connection, inbox, protocol
+from broker import codec, connection, inbox, protocol
 from broker.errors import BadInput, QueueFull
 from broker.keys import DISPATCH_GROUP, CapabilityKeys
 from dispatcher import routing
@@ -37,6 +38,7 @@ INTAKE_BATCH = 200
 SWEEP_BATCH = 200
 INTAKE_CLAIM_IDLE_MS = 60_000
 ROUTING_FIELDS = ("priority", "session_id", "region", "routing", "last_agent_id", "state")
+EXPLAIN_TTL_MS = 15 * 60 * 1000
 
 
 class CapabilityLoop:
@@ -52,7 +54,14 @@ class CapabilityLoop:
         self._next_intake_claim = 0.0
         self._intake_group_ready = False
         self._intake_pending_checked = False
+        self.health: dict[str, routing.AgentHealth] = {}
+        self.probes: dict[str, int] = {}
+        self._rng = random.Random()
+        self._snapshot_id = ""
+        self._snapshot_at = 0.0
         self.dispatched = 0
+        self.reroutes = 0
+        self.total_reroutes = 0
         self.reclaimed = 0
         self.expired = 0
 
@@ -203,29 +212,50 @@ class CapabilityLoop:
 
     # -- routing ----------------------------------------------------------------------------
 
-    def candidates(self) -> list[routing.Candidate]:
-        out = []
-        for record in self.d.view.ready_for(self.capability):
-            p50 = record.stats.get("latency_p50_ms")
+    def candidates(self) -> tuple[list[routing.Candidate], dict[str, str]]:
+        """Agents serving this capability as routing sees them, and those out for their state."""
+        out, filtered = [], {}
+        for record in self.d.view.serving(self.capability):
+            state = self.d.view.state(record)
+            if state.value != "healthy":
+                filtered[record.agent_id] = f"state:{state.value}"
+                continue
+            stats = record.stats
             out.append(routing.Candidate(
                 agent_id=record.agent_id,
                 max_concurrency=record.max_concurrency,
                 load=self.loads.setdefault(record.agent_id, routing.InboxLoad()),
-                latency_p50_ms=float(p50) if isinstance(p50, int | float) else None,
+                latency_p50_ms=_number(stats.get("latency_p50_ms")),
+                latency_baseline_ms=_number(stats.get("latency_baseline_ms")),
+                stability=_number(stats.get("stability")),
+                region=record.descriptor.region,
+                version=record.descriptor.version,
+                recovered_at_ms=record.recovered_at_ms,
+                health=self.health.setdefault(record.agent_id, routing.AgentHealth()),
             ))
-        return out
+        return out, filtered
+
+    def note_failures(self, agent_id: str, consecutive: int) -> None:
+        """Consecutive failures an agent's last completion left (from its wake-up message)."""
+        health = self.health.setdefault(agent_id, routing.AgentHealth())
+        if consecutive > health.consecutive_failures:
+            health.last_failure_ms = self.d.view.now_ms()
+        elif consecutive == 0 and health.consecutive_failures:
+            health.last_success_ms = self.d.view.now_ms()
+        health.consecutive_failures = consecutive
 
     async def refresh_loads(self, agent_ids: list[str]) -> None:
-        """Read exact inbox loads (length and pending count) for these agents."""
-        if not agent_ids:
-            return
+        """Read exact inbox loads (length and pending count) and the agents' health counters."""
         pipe = self.d.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.health)
         for agent_id in agent_ids:
             pipe.xlen(self.keys.inbox(agent_id))
             pipe.xpending(self.keys.inbox(agent_id), "agents")
         replies = await pipe.execute(raise_on_error=False)
+        if isinstance(replies[0], dict):
+            self.health = routing.parse_health(replies[0])
         for i, agent_id in enumerate(agent_ids):
-            length, pending = replies[2 * i], replies[2 * i + 1]
+            length, pending = replies[1 + 2 * i], replies[2 + 2 * i]
             running = pending.get("pending", 0) if isinstance(pending, dict) else 0
             self.note_load(agent_id, int(length) if isinstance(length, int) else 0, int(running))
 
@@ -238,31 +268,90 @@ class CapabilityLoop:
         for local_id in ids:
             pipe.hmget(self.keys.task(local_id), ROUTING_FIELDS)
         rows = await pipe.execute()
+        sessions = sorted({row[1] for row in rows if row[1]})
+        owners: dict[str, str | None] = {}
+        if sessions:
+            owners = dict(zip(sessions, await r.hmget(self.keys.sessions, sessions), strict=True))
         tasks = []
-        for local_id, (priority, session, region, _routing, last_agent, _state) in zip(
-                ids, rows, strict=True):
+        for local_id, (priority, session, region, extra, last_agent, _state) in zip(ids, rows, strict=True):
+            options = _routing_options(extra)
             tasks.append(routing.ReadyTask(
-                local_id, int(priority or 5), session or "", region or "", last_agent or ""))
+                local_id, int(priority or 5), session or "", region or "",
+                bool(options.get("region_strict", True)), str(options.get("version") or ""),
+                last_agent or "", (owners.get(session) or "") if session else ""))
         return tasks
 
     async def _route(self) -> int:
         settings = self.d.settings
-        candidates = self.candidates()
-        rooms = {c.agent_id: routing.room(c, settings) for c in candidates}
-        want = min(sum(rooms.values()), settings.dispatch_batch)
+        candidates, filtered = self.candidates()
+        if not candidates:
+            return 0
+        now = self.d.view.now_ms()
+        round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
+        want = min(round_.capacity, settings.dispatch_batch)
         if want <= 0:
             return 0
         tasks = await self._ready_tasks(want)
         if not tasks:
             return 0
-        plan = routing.assign(tasks, candidates, settings)
+        snapshot_id = await self._snapshot(round_)
+        plan: dict[str, list[tuple[str, str]]] = {}
+        for task in tasks:
+            choice = round_.choose(task)
+            if choice is None:
+                continue
+            why = codec.dumps({"round": snapshot_id, "why": choice.why, "score": choice.score,
+                               "eligible": choice.eligible, "at": now})
+            plan.setdefault(choice.agent_id, []).append((task.local_id, why))
         by_id = {c.agent_id: c for c in candidates}
-        progressed = 0
-        for agent_id, local_ids in plan.items():
+        progressed = dispatched = 0
+        for agent_id, items in plan.items():
             call = protocol.dispatch_call(settings, self.capability, agent_id,
-                                          routing.max_unread(by_id[agent_id], settings), local_ids)
+                                          routing.max_unread(by_id[agent_id], settings), items)
             result = protocol.parse_dispatch(await self.d.scripts(call))
             self.note_load(agent_id, result.inbox_len, result.inbox_pending)
-            self.dispatched += result.dispatched
+            dispatched += result.dispatched
             progressed += result.dispatched + result.expired + result.taken
+            self.reroutes += result.left  # the inbox filled up meanwhile: they go elsewhere
+        self.dispatched += dispatched
+        if dispatched and round_.reroutes:
+            self.reroutes += dispatched  # routed past agents whose inbox was full
+        await self._count(dispatched)
         return progressed
+
+    async def _snapshot(self, round_: routing.RoutingRound) -> str:
+        """Store what the round saw for `reach explain`, at most once a second."""
+        now = time.monotonic()
+        if self._snapshot_id and now - self._snapshot_at < 1.0:
+            return self._snapshot_id
+        self._snapshot_id = f"{self.d.dispatcher_id}-{int(now * 1000)}"
+        self._snapshot_at = now
+        await self.d.redis.set(self.keys.explain(self._snapshot_id), codec.dumps(round_.snapshot()),
+                               px=EXPLAIN_TTL_MS)
+        return self._snapshot_id
+
+    async def _count(self, dispatched: int) -> None:
+        if not dispatched and not self.reroutes:
+            return
+        pipe = self.d.redis.pipeline(transaction=False)
+        if dispatched:
+            pipe.hincrby(self.keys.stats, "dispatched", dispatched)
+        if self.reroutes:
+            pipe.hincrby(self.keys.stats, "reroutes", self.reroutes)
+            self.total_reroutes += self.reroutes
+            self.reroutes = 0
+        await pipe.execute()
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _routing_options(text: str | None) -> dict[str, Any]:
+    if not text:
+        return {}
+    try:
+        value = codec.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}

@@ -34,6 +34,7 @@ from dispatcher.registry_view import RegistryView
 log = logging.getLogger("reach.dispatcher")
 
 STOP_TIMEOUT_S = 5.0
+RETENTION_EVERY_S = 60.0
 
 
 class Dispatcher:
@@ -64,6 +65,7 @@ class Dispatcher:
         helpers = [
             asyncio.create_task(self._wake_listener(), name="wake-listener"),
             asyncio.create_task(self._refresher(), name="registry-refresher"),
+            asyncio.create_task(self._retention(), name="dlq-retention"),
         ]
         await self._stop.wait()
         everything = [*helpers, *self._tasks.values()]
@@ -89,7 +91,7 @@ class Dispatcher:
             self._ensure_loop(name)
         await self.health.react()
         for loop in self.loops.values():
-            await loop.refresh_loads([r.agent_id for r in self.view.ready_for(loop.capability)])
+            await loop.refresh_loads([r.agent_id for r in self.view.serving(loop.capability)])
             loop.kick()
 
     def _ensure_loop(self, capability: str) -> CapabilityLoop | None:
@@ -115,6 +117,21 @@ class Dispatcher:
             except connection.TRANSIENT_ERRORS as exc:
                 log.warning("registry refresh failed (%s)", exc)
                 await asyncio.sleep(min(tick, 1.0))
+
+    async def _retention(self) -> None:
+        """Trim each capability's dead-letter stream to its retention, once a minute."""
+        from dlq_tools import trim
+
+        client = None
+        while True:
+            await asyncio.sleep(RETENTION_EVERY_S)
+            try:
+                if client is None:
+                    client = connection.sync_client(self.settings)
+                for capability in list(self.loops):
+                    await asyncio.to_thread(trim, client, self.settings, capability)
+            except connection.TRANSIENT_ERRORS as exc:
+                log.warning("DLQ retention skipped this time (%s)", exc)
 
     # -- wake-ups ---------------------------------------------------------------------------
 
@@ -147,11 +164,13 @@ class Dispatcher:
             loop = self._ensure_loop(parts[1])
             if loop is not None:
                 loop.kick(new_tasks=True)
-        elif kind == "free" and len(parts) == 5:
+        elif kind == "free" and len(parts) >= 5:
             loop = self.loops.get(parts[1])
             if loop is not None:
                 with contextlib.suppress(ValueError):
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
+                    if len(parts) >= 6:
+                        loop.note_failures(parts[2], int(parts[5]))
                 loop.kick()
         elif kind == "agent":
             self._registry_dirty.set()

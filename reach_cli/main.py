@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, setup_logging
+from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, run_app, setup_logging
 from dlq_tools.cli import app as dlq_app
 from reach_cli import ops, tasks
 from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
@@ -23,6 +23,7 @@ app.command()(tasks.result)
 app.command()(tasks.cancel)
 app.command()(ops.agents)
 app.command()(ops.queues)
+app.command()(ops.explain)
 app.add_typer(dlq_app, name="dlq")
 
 
@@ -96,7 +97,7 @@ def dispatcher(
 
 
 def main() -> None:
-    app()
+    run_app(app)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
@@ -87,3 +87,62 @@ def queues(
             f"{row.agents} ({row.healthy_agents})",
         )
     console.print(table)
+
+
+@cli_errors
+def explain(
+    task_id: Annotated[str, typer.Argument(help="Task id")],
+    as_json: JsonOption = False,
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Why a task went to its agent (or why it still waits): candidates, scores, filters."""
+    from dispatcher.explain import explain as explain_task
+
+    settings = load_settings(config, redis_url)
+    client = connection.sync_client(settings)
+    try:
+        report = explain_task(client, settings, task_id)
+    except connection.TRANSIENT_ERRORS as exc:
+        raise connection.unavailable(exc, settings) from exc
+    finally:
+        client.close()
+    if as_json:
+        print_json(report)
+        return
+    task = report["task"]
+    console.print(f"[bold]{task['task_id']}[/bold]  {task['state']}  priority {task['priority']}  "
+                  f"attempt {task['attempt']}  agent {task['agent_id'] or '-'}")
+    constraints = {k: v for k, v in report["constraints"].items() if v not in (None, True)}
+    if constraints:
+        console.print("constraints: " + ", ".join(f"{k}={v}" for k, v in constraints.items()))
+    decision = report["decision"]
+    if decision:
+        console.print(f"last dispatch: to [bold]{decision['agent_id']}[/bold] ({decision['why']}, "
+                      f"score {decision['score']}, {decision['eligible']} eligible)")
+    if report["round"]:
+        _print_round("the round that decided it", report["round"])
+    elif decision:
+        console.print("(the round's snapshot has expired; only the decision is kept)")
+    if report["now"]:
+        now = report["now"]
+        console.print(f"if routed now: {now['would_go_to'] or '-'} ({now['why']})")
+        _print_round("routing now", now["round"])
+
+
+def _print_round(title: str, snapshot: dict[str, Any]) -> None:
+    table = Table(title=title)
+    for column in ("agent", "score", "free", "affinity", "latency", "stability", "penalty", "room",
+                   "cold", "region", "version"):
+        table.add_column(column)
+    for c in snapshot["candidates"]:
+        table.add_row(c["agent_id"], str(c["score"]), str(c["free"]), str(c["affinity"]),
+                      str(c["latency"]), str(c["stability"]), str(c["penalty"]), str(c["room"]),
+                      "yes" if c["cold"] else "", c["region"] or "-", c["version"] or "-")
+    console.print(table)
+    if snapshot.get("more_candidates"):
+        console.print(f"… and {snapshot['more_candidates']} more candidates")
+    for reason, agents in snapshot["filtered"].items():
+        count = snapshot["filtered_counts"][reason]
+        more = f" (+{count - len(agents)} more)" if count > len(agents) else ""
+        console.print(f"filtered out by {reason}: {', '.join(agents)}{more}")

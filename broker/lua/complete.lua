@@ -1,26 +1,30 @@
 -- complete: an agent reports how its tasks ended; results are stored and inbox entries
 -- acknowledged in one step, guarded by each attempt's fencing token.
 -- KEYS[1] the agent's inbox   KEYS[2] delayed zset   KEYS[3] dead-letter stream
--- KEYS[4] capability event feed   KEYS[5] agent tokens hash
--- then for task i: KEYS[6+3i] task hash, KEYS[7+3i] task events, KEYS[8+3i] task done list
+-- KEYS[4] capability event feed   KEYS[5] agent tokens hash   KEYS[6] agent health hash
+-- then for task i: KEYS[7+3i] task hash, KEYS[8+3i] task events, KEYS[9+3i] task done list
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] channel prefix
--- ARGV[5] result ttl ms   ARGV[6] capability
--- then for task i, 6 values from ARGV[7+6i]: inbox entry id, fencing token, outcome
+-- ARGV[5] result ttl ms   ARGV[6] capability   ARGV[7] latency ceiling ms (0: none)
+-- then for task i, 6 values from ARGV[8+6i]: inbox entry id, fencing token, outcome
 --   ('success', 'invalid_request', 'failure', 'bad_result', 'retryable_failure'),
 --   body (result JSON on success, else the error text), retry backoff ms, execution ms
 -- A report from a superseded attempt changes nothing but leaves a `late_result_rejected` event.
+-- The agent health hash keeps, per agent, what routing needs: consecutive failures and the time
+-- of the last one (circuit breaker), the last success (affinity), consecutive tasks over the
+-- latency ceiling (ejection). An invalid request is the request's fault and counts for neither.
 -- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, status...} with a
 -- status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = {feed = KEYS[4], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'REFUSED'} end
-local n = (#KEYS - 5) / 3
+local n = (#KEYS - 6) / 3
+local health, ceiling = KEYS[6], tonumber(ARGV[7])
 local now = now_ms()
 local statuses = {}
 
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
-  local a = 7 + 6 * i
+  local task_key, events_key, done_key = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
+  local a = 8 + 6 * i
   local entry, fence, outcome, body = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local backoff, exec_ms = tonumber(ARGV[a + 4]), ARGV[a + 5]
   redis.call('XACK', inbox, 'agents', entry)
@@ -58,11 +62,27 @@ for i = 0, n - 1 do
     fail_task(c, task_key, events_key, done_key, KEYS[3], reason, body, agent, now)
     status = 'failed'
   end
+  if status == 'ok' then
+    redis.call('HSET', health, 'cf:' .. agent, 0, 'ok:' .. agent, jint(now))
+  elseif (status == 'failed' or status == 'retry') and outcome ~= 'invalid_request' then
+    redis.call('HINCRBY', health, 'cf:' .. agent, 1)
+    redis.call('HSET', health, 'lf:' .. agent, jint(now))
+  end
+  if ceiling > 0 and (status == 'ok' or status == 'failed' or status == 'retry') then
+    if tonumber(exec_ms) > ceiling then
+      redis.call('HINCRBY', health, 'cs:' .. agent, 1)
+      redis.call('HSET', health, 'ls:' .. agent, jint(now))
+    else
+      redis.call('HSET', health, 'cs:' .. agent, 0)
+    end
+  end
   statuses[#statuses + 1] = status
 end
 
 local len, pending = inbox_load(inbox)
-redis.call('PUBLISH', ARGV[4] .. 'wake', 'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending)
+local cf = redis.call('HGET', health, 'cf:' .. agent) or '0'
+redis.call('PUBLISH', ARGV[4] .. 'wake',
+  'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf)
 local out = {len, pending}
 for _, s in ipairs(statuses) do out[#out + 1] = s end
 return out

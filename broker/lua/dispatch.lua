@@ -3,7 +3,9 @@
 -- KEYS[5] capability event feed   KEYS[6] dead-letter stream
 -- then for task i (0-based): KEYS[7+3i] task hash, KEYS[8+3i] task events, KEYS[9+3i] task done list
 -- ARGV[1] agent id   ARGV[2] most unread entries the inbox may hold   ARGV[3] feed maxlen
--- ARGV[4] channel prefix   ARGV[5] result ttl ms   then ARGV[6+i] the local id of task i
+-- ARGV[4] channel prefix   ARGV[5] result ttl ms
+-- then for task i: ARGV[6+2i] its local id, ARGV[7+2i] why this agent (JSON, kept in the record
+-- for `reach explain`; '' for none)
 -- A task another dispatcher already took (no longer in the queue) is skipped; a task past its
 -- deadline fails with reason `expired` instead of being delivered. Tasks left when the inbox is
 -- full stay in the queue for another agent.
@@ -21,7 +23,7 @@ local now = now_ms()
 local dispatched, taken, expired, left = 0, 0, 0, 0
 for i = 0, n - 1 do
   local task_key, events_key, done_key = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
-  local local_id = ARGV[6 + i]
+  local local_id, why = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
   if len - pending >= max_unread then
     left = n - i
     break
@@ -40,6 +42,7 @@ for i = 0, n - 1 do
       local fence = redis.call('HINCRBY', task_key, 'fence', 1)
       redis.call('HSET', task_key, 'state', 'dispatched', 'agent_id', agent,
         'dispatched_at', jint(now))
+      if why ~= '' then redis.call('HSET', task_key, 'explain', why) end
       redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence)
       if f[3] and f[3] ~= '' then redis.call('HSET', KEYS[4], f[3], agent) end
       emit(c, task_key, events_key, 'dispatched', agent, now, '{"fence":' .. fence .. '}')

@@ -101,7 +101,7 @@ for i = 0, n - 1 do
       local replays = redis.call('HINCRBY', task_key, 'replays', 1)
       redis.call('HDEL', task_key, 'agent_id', 'dispatched_at', 'started_at', 'finished_at',
         'accepted_by', 'result', 'exec_ms', 'reason', 'error')
-      redis.call('HSET', task_key, 'state', 'queued', 'queued_at', jint(now),
+      redis.call('HSET', task_key, 'state', 'queued', 'queued_at', jint(now), 'replayed_at', jint(now),
         'priority', jint(priority), 'deadline_at', jint(deadline_at))
       if reset then redis.call('HSET', task_key, 'attempt', '0') end
       emit(c, task_key, events_key, 'replayed', nil, now,

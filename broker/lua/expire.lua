@@ -17,11 +17,13 @@ for i = 0, n - 1 do
   local task_key, events_key, done_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local local_id = ARGV[5 + i]
   local f = redis.call('HMGET', task_key, 'state', 'deadline_at', 'created_at', 'attempt',
-    'agent_id', 'id')
+    'agent_id', 'id', 'replayed_at')
   local state = f[1]
   local deadline = tonumber(f[2]) or 0
   local not_started_by = 0
-  if nat > 0 and (tonumber(f[4]) or 0) == 0 then not_started_by = (tonumber(f[3]) or 0) + nat end
+  -- (counted from the task's creation, or from its last replay out of the dead-letter stream)
+  local since = math.max(tonumber(f[3]) or 0, tonumber(f[7]) or 0)
+  if nat > 0 and (tonumber(f[4]) or 0) == 0 then not_started_by = since + nat end
   if not state or state == 'succeeded' or state == 'failed' or state == 'canceled' then
     redis.call('ZREM', KEYS[1], local_id)
   elseif deadline > 0 and now >= deadline then

@@ -1,0 +1,159 @@
+"""The routing rules as pure functions: filters, scores, choice (no Redis)."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from broker import Settings
+from broker.versions import satisfies
+from dispatcher.routing import (
+    AgentHealth,
+    Candidate,
+    InboxLoad,
+    ReadyTask,
+    RoutingRound,
+    WeightedPool,
+    components,
+    gate,
+    parse_health,
+    score,
+)
+
+S = Settings.load(redis_url="redis://x")
+NOW = 10_000_000
+
+
+def agent(name: str, **kw: object) -> Candidate:
+    c = Candidate(name, int(kw.pop("conc", 8)), InboxLoad(int(kw.pop("out", 0)), int(kw.pop("run", 0))))  # type: ignore[call-overload]
+    for key, value in kw.items():
+        setattr(c, key, value)
+    return c
+
+
+def shares(round_: RoutingRound, task: ReadyTask, n: int) -> Counter[str]:
+    out: Counter[str] = Counter()
+    for _ in range(n):
+        choice = round_.choose(task)
+        if choice:
+            out[choice.agent_id] += 1
+    return out
+
+
+def test_equal_agents_share_evenly_and_nobody_gets_argmax_hot() -> None:
+    agents = [agent(f"a{i}", conc=1000, latency_p50_ms=1000.0) for i in range(4)]
+    counts = shares(RoutingRound(agents, S, NOW, random.Random(3)), ReadyTask("t"), 2000)
+    assert all(380 <= counts[f"a{i}"] <= 620 for i in range(4)), counts
+
+
+def test_score_weights_and_slow_penalty() -> None:
+    fast = agent("fast", latency_p50_ms=10.0, latency_baseline_ms=10.0, stability=1.0)
+    fast.health.last_success_ms = NOW
+    slow = agent("slow", latency_p50_ms=40.0, latency_baseline_ms=10.0, stability=1.0)
+    parts_fast = components(fast, S, NOW, 10.0)
+    parts_slow = components(slow, S, NOW, 10.0)
+    assert score(parts_fast, S) == pytest.approx(100.0)  # idle, affine, fastest, stable
+    assert parts_slow["penalty"] == 30.0 and parts_slow["latency"] == 0.25
+    assert score(parts_slow, S) == pytest.approx(100 * (0.35 + 0.20 * 0.25 + 0.15) - 30)
+
+
+def test_watermark_backlog_and_circuit_gates() -> None:
+    assert gate(agent("a", conc=10, run=9, out=9), S, NOW, {})[0] == "watermark"
+    assert gate(agent("a", conc=2, run=0, out=10), S, NOW, {})[0] == "backlog_full"
+    broken = agent("b", health=AgentHealth(consecutive_failures=10, last_failure_ms=NOW - 1000))
+    assert gate(broken, S, NOW, {})[0] == "circuit_open"
+    later = NOW + S.circuit_open_ms
+    assert gate(broken, S, later, {}) == (None, True)  # half-open: one probe
+    assert gate(broken, S, later, {"b": later})[0] == "circuit_open:probe_out"
+    healed = agent("b", health=AgentHealth(consecutive_failures=0, last_failure_ms=NOW - 1000))
+    assert gate(healed, S, NOW, {}) == (None, False)
+
+
+def test_half_open_agent_gets_exactly_one_probe() -> None:
+    broken = agent("b", health=AgentHealth(consecutive_failures=10, last_failure_ms=NOW - 60_000))
+    probes: dict[str, int] = {}
+    round_ = RoutingRound([broken], S, NOW, random.Random(1), probes)
+    first = round_.choose(ReadyTask("1"))
+    assert first is not None and first.why == "probe" and probes == {"b": NOW}
+    assert round_.choose(ReadyTask("2")) is None
+    assert RoutingRound([broken], S, NOW + 10, random.Random(1), probes).choose(ReadyTask("3")) is None
+
+
+def test_latency_ejection_after_five_slow_tasks() -> None:
+    s = Settings.load(redis_url="redis://x", latency_ceiling_ms=100)
+    slow = agent("s", health=AgentHealth(consecutive_slow=5, last_slow_ms=NOW - 10))
+    assert gate(slow, s, NOW, {})[0] == "ejected_slow"
+    assert gate(agent("s", health=AgentHealth(consecutive_slow=4, last_slow_ms=NOW)), s, NOW, {})[0] is None
+    assert gate(slow, s, NOW + s.eject_ms, {}) == (None, True)
+
+
+def test_region_strict_and_preferred() -> None:
+    eu, us = agent("eu", region="eu"), agent("us", region="us")
+    round_ = RoutingRound([eu, us], S, NOW, random.Random(2))
+    assert set(shares(round_, ReadyTask("t", region="eu"), 10)) == {"eu"}
+    assert round_.choose(ReadyTask("t", region="ap")) is None
+    assert shares(round_, ReadyTask("t", region="ap", region_strict=False), 4)
+    busy_eu = agent("eu", region="eu", conc=1, run=1, out=1)
+    round_ = RoutingRound([busy_eu, agent("us", region="us")], S, NOW, random.Random(2))
+    assert round_.choose(ReadyTask("t", region="eu", region_strict=False)) is None  # waits for eu
+
+
+def test_version_constraints() -> None:
+    round_ = RoutingRound([agent("v1", version="1.9"), agent("v2", version="2.4")], S, NOW, random.Random(1))
+    assert set(shares(round_, ReadyTask("t", version=">=2"), 8)) == {"v2"}
+    assert satisfies("2.10", ">=2.9") and not satisfies("2.3", "<2.3") and satisfies("2.3.4", "~=2.3")
+
+
+def test_session_sticks_while_it_can_and_moves_when_not() -> None:
+    a, b = agent("a"), agent("b")
+    round_ = RoutingRound([a, b], S, NOW, random.Random(1))
+    picks = {round_.choose(ReadyTask(str(i), session_id="s", session_agent="a")).agent_id for i in range(5)}  # type: ignore[union-attr]
+    assert picks == {"a"}
+    round_ = RoutingRound([b], S, NOW, random.Random(1), filtered={"a": "state:suspect"})
+    moved = round_.choose(ReadyTask("x", session_id="s", session_agent="a"))
+    assert moved is not None and moved.agent_id == "b"
+
+
+def test_cold_agents_take_only_low_priority_unless_nobody_else_can() -> None:
+    cold = agent("cold", recovered_at_ms=NOW - 1000)
+    warm = agent("warm")
+    round_ = RoutingRound([cold, warm], S, NOW, random.Random(4))
+    assert set(shares(round_, ReadyTask("t", priority=8), 6)) == {"warm"}
+    low = shares(RoutingRound([cold, warm], S, NOW, random.Random(4)), ReadyTask("t", priority=1), 12)
+    assert "cold" in low
+    alone = RoutingRound([agent("cold", recovered_at_ms=NOW - 1000)], S, NOW, random.Random(4))
+    only = alone.choose(ReadyTask("t", priority=9))
+    assert only is not None and only.why.endswith("cold_only")
+    past = RoutingRound([agent("cold", recovered_at_ms=NOW - S.cold_start_ms)], S, NOW)
+    assert past.choose(ReadyTask("t", priority=9)) is not None
+
+
+def test_retry_avoids_the_last_agent_when_it_can() -> None:
+    round_ = RoutingRound([agent("a"), agent("b")], S, NOW, random.Random(9))
+    assert set(shares(round_, ReadyTask("t", last_agent_id="a"), 5)) == {"b"}
+    lonely = RoutingRound([agent("a")], S, NOW, random.Random(9))
+    assert lonely.choose(ReadyTask("t", last_agent_id="a")) is not None
+
+
+def test_weighted_pool_samples_by_weight() -> None:
+    pool = WeightedPool([1.0, 0.0, 3.0])
+    rng = random.Random(0)
+    counts = Counter(pool.sample(rng) for _ in range(4000))
+    assert counts[1] == 0 and 2700 <= counts[2] <= 3300
+    pool.set(2, 0.0)
+    assert {pool.sample(rng) for _ in range(50)} == {0}
+    assert WeightedPool([0.0]).sample(rng) is None
+
+
+def test_health_hash_parsing() -> None:
+    parsed = parse_health({"cf:a": "3", "lf:a": "17", "ok:b": "9", "cs:a": "1", "junk": "x"})
+    assert parsed["a"].consecutive_failures == 3 and parsed["a"].last_failure_ms == 17
+    assert parsed["b"].last_success_ms == 9
+
+
+def test_snapshot_lists_candidates_and_filters() -> None:
+    round_ = RoutingRound([agent("a")], S, NOW, filtered={"b": "state:suspect"})
+    snap = round_.snapshot()
+    assert snap["candidates"][0]["agent_id"] == "a" and snap["filtered"] == {"state:suspect": ["b"]}
