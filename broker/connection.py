@@ -264,17 +264,27 @@ async def with_reconnect(op: Callable[[], Awaitable[T]]) -> T:
     raise AssertionError("unreachable")
 
 
-def warn_if_evicting(client: redis.Redis) -> str | None:
-    """Warn when Redis may evict keys (tasks would vanish silently). Returns the warning, if any."""
+def warn_if_evicting(client: Any) -> str | None:
+    """Warn when Redis may evict keys (tasks would vanish silently). Returns the warning, if any.
+
+    On Cluster every master is asked: one evicting shard loses that shard's tasks."""
     try:
-        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+        if is_cluster(client):
+            replies = client.config_get("maxmemory-policy", target_nodes=client.PRIMARIES)
+            policies = {str(node): reply.get("maxmemory-policy") for node, reply in replies.items()}
+        else:
+            policies = {"": client.config_get("maxmemory-policy").get("maxmemory-policy")}
     except redis.exceptions.RedisError:
         return None  # CONFIG may be disabled (managed Redis, ACL); nothing to check then
-    if policy and policy != "noeviction":
-        msg = (
-            f"Redis maxmemory-policy is {policy!r}: under memory pressure Redis may evict task "
-            "keys and tasks would vanish. Set maxmemory-policy noeviction."
-        )
-        log.warning(msg)
-        return msg
-    return None
+    evicting = {node: policy for node, policy in policies.items()
+                if policy and policy != "noeviction"}
+    if not evicting:
+        return None
+    where = ", ".join(f"{policy!r} on {node}" if node else repr(policy)
+                      for node, policy in sorted(evicting.items()))
+    msg = (
+        f"Redis maxmemory-policy is {where}: under memory pressure Redis may evict task "
+        "keys and tasks would vanish. Set maxmemory-policy noeviction."
+    )
+    log.warning(msg)
+    return msg

@@ -273,6 +273,18 @@ def test_bad_input_on_the_cluster(cluster_client: ReachClient, rc: Any,
     assert rc.exists(CapabilityKeys(cluster_settings.prefix, "alpha").queue) == 0
 
 
+def test_an_evicting_shard_is_reported(rc: Any) -> None:
+    assert connection.warn_if_evicting(rc) is None
+    node = rc.get_primaries()[1]
+    direct = rc.get_redis_connection(node)
+    direct.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        warning = connection.warn_if_evicting(rc)
+        assert warning is not None and f"'allkeys-lru' on {node.name}" in warning
+    finally:
+        direct.config_set("maxmemory-policy", "noeviction")
+
+
 def test_async_waiters_survive_their_pubsub_connection_being_killed(
     cluster: LocalCluster, cluster_settings: Settings, cluster_client: ReachClient
 ) -> None:
