@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.context import Bench
 from bench.procs import Proc, ProcessFailed, set_affinity
-from bench.rows.base import payload, ready_all
+from bench.rows.base import STALL_S, payload, ready_all
 from bench.rows.reach import preload_scripts
 from bench.workers.sim_consumer import agent_ids
 from broker import ReachClient, protocol
@@ -139,10 +139,15 @@ def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
                 raise ProcessFailed(f"dispatcher routed nothing (log: {dispatcher.log_path})")
             time.sleep(0.001)
         cpu0, t0 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
-        while r.zcard(keys.queue) > 0:
+        last, moved_at = tasks + 1, t0
+        while (left := r.zcard(keys.queue)) > 0:
             dispatcher.check_alive()
-            if time.monotonic() > deadline:
-                raise ProcessFailed(f"dispatcher did not route {tasks} tasks in time "
+            consumer.check_alive()
+            now = time.monotonic()
+            if left != last:
+                last, moved_at = left, now
+            elif now - moved_at > STALL_S or now > deadline:
+                raise ProcessFailed(f"dispatcher stalled with {left:,} of {tasks:,} tasks queued "
                                     f"(log: {dispatcher.log_path})")
             time.sleep(0.005)
         cpu1, t1 = dispatcher.cpu_seconds() or 0.0, time.monotonic()

@@ -29,6 +29,8 @@ from bench.procs import Proc, ProcessFailed, cpu_seconds, machine_busy_seconds, 
 from bench.stats import percentile
 
 PAYLOAD_KEY = "i"
+STALL_S = 60.0
+"""A drain in which no task finished for this long has failed (e.g. its workers went offline)."""
 
 
 def payload(i: int) -> dict[str, int]:
@@ -125,8 +127,8 @@ class Row(ABC):
         """Let the workers start consuming."""
 
     @abstractmethod
-    def drained(self, n: int, ws: Workers) -> bool:
-        """True once every one of the n tasks has its result stored (cheap; polled)."""
+    def remaining(self, n: int, ws: Workers) -> int:
+        """How many of the n tasks have no result stored yet (cheap; polled; 0 ends the drain)."""
 
     @abstractmethod
     def drain_times(self, n: int, ws: Workers) -> Drain:
@@ -150,11 +152,21 @@ class Row(ABC):
         return min(self.b.sizes.n, self.max_n or self.b.sizes.n)
 
     def wait_drained(self, n: int, ws: Workers) -> None:
-        deadline = time.monotonic() + drain_timeout(n)
+        """Until every result is stored; fails when nothing moved for STALL_S or past the timeout."""
+        start = time.monotonic()
+        deadline = start + drain_timeout(n)
         interval = 0.005
-        while not self.drained(n, ws):
+        last, moved_at = n + 1, start
+        while (left := self.remaining(n, ws)) > 0:
             ws.check()
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if left != last:
+                last, moved_at = left, now
+            elif now - moved_at > STALL_S:
+                raise ProcessFailed(f"{self.title}: drain stalled, {left:,} of {n:,} tasks without a "
+                                    f"result and none finished for {STALL_S:.0f}s "
+                                    f"(logs: {ws.workers[0].log_path.parent})")
+            if now > deadline:
                 raise ProcessFailed(f"{self.title}: {n} tasks not drained within {drain_timeout(n):.0f}s")
             time.sleep(interval)
             interval = min(interval * 1.5, 0.05)

@@ -91,7 +91,7 @@ class BullMQRow(Row):
     def release(self, ws: Workers) -> None:
         go_all(ws.workers)
 
-    def drained(self, n: int, ws: Workers) -> bool:
+    def remaining(self, n: int, ws: Workers) -> int:
         r = self.b.target.r
         pipe = r.pipeline(transaction=False)
         pipe.zcard(self._keys("completed"))
@@ -99,7 +99,7 @@ class BullMQRow(Row):
         completed, failed = pipe.execute()
         if failed:
             raise ProcessFailed(f"BullMQ: {failed} jobs failed")
-        return int(completed) >= n
+        return max(0, n - int(completed))
 
     def drain_times(self, n: int, ws: Workers) -> Drain:
         r = self.b.target.r

@@ -72,12 +72,9 @@ class DramatiqRow(Row):
     def release(self, ws: Workers) -> None:
         go_all(ws.workers)
 
-    def drained(self, n: int, ws: Workers) -> bool:
-        r = self.b.target.r
-        pipe = r.pipeline(transaction=False)
-        pipe.llen(f"{self.ns}:{QUEUE}")
-        pipe.hlen(f"{self.ns}:{QUEUE}.msgs")  # a message leaves this hash when it is acked
-        return not any(pipe.execute())
+    def remaining(self, n: int, ws: Workers) -> int:
+        # A message leaves this hash when it is acked, after Results stored its result.
+        return int(self.b.target.r.hlen(f"{self.ns}:{QUEUE}.msgs"))
 
     def drain_times(self, n: int, ws: Workers) -> Drain:
         return launcher_drain(ws.workers, n, self.clock)

@@ -62,8 +62,8 @@ class RawRow(Row):
     def release(self, ws: Workers) -> None:
         go_all(ws.workers)
 
-    def drained(self, n: int, ws: Workers) -> bool:
-        return int(self.b.target.r.get(self.done) or 0) >= n
+    def remaining(self, n: int, ws: Workers) -> int:
+        return max(0, n - int(self.b.target.r.get(self.done) or 0))
 
     def drain_times(self, n: int, ws: Workers) -> Drain:
         return launcher_drain(ws.workers, n, self.clock)

@@ -120,20 +120,19 @@ class ReachRow(Row):
                 raise ProcessFailed(f"the dispatcher routed nothing in 60s (log: {proc.log_path})")
             time.sleep(0.001)
 
-    def drained(self, n: int, ws: Workers) -> bool:
+    def remaining(self, n: int, ws: Workers) -> int:
+        """Queued + retrying + in inboxes (an inbox entry is deleted by the script that stores
+        the task's result, so this reaches 0 exactly when every result is stored)."""
         r = self.b.target.r
         pipe = r.pipeline(transaction=False)
         pipe.zcard(self.keys.queue)
         pipe.zcard(self.keys.delayed)
         pipe.smembers(self.keys.inboxes)
         queued, delayed, agents = pipe.execute()
-        if queued or delayed:
-            return False
         pipe = r.pipeline(transaction=False)
         for agent in agents:
             pipe.xlen(self.keys.inbox(agent))
-        # Finished entries are deleted from the inbox in the script that stores the result.
-        return not any(pipe.execute())
+        return int(queued) + int(delayed) + sum(int(x) for x in pipe.execute())
 
     def drain_times(self, n: int, ws: Workers) -> Drain:
         records = self.records(self.task_ids[-n:], ("state", "finished_at"))

@@ -98,9 +98,8 @@ class RqRow(Row):
     def release(self, ws: Workers) -> None:
         go_all(ws.workers)
 
-    def drained(self, n: int, ws: Workers) -> bool:
-        registry = self.queue.finished_job_registry
-        return int(self.conn.zcard(registry.key)) >= n
+    def remaining(self, n: int, ws: Workers) -> int:
+        return max(0, n - int(self.conn.zcard(self.queue.finished_job_registry.key)))
 
     def drain_times(self, n: int, ws: Workers) -> Drain:
         from rq.results import Result
