@@ -57,7 +57,7 @@ def test_sigkill_mid_task_another_worker_finishes_it_once(client: ReachClient, f
     fleet.dispatcher()
     first = fleet.worker("crash", handler="tests.handlers:sleepy")
     handle = client.submit("crash", {"n": "t", "s": 2})
-    wait_state(client, handle.task_id, "running")
+    wait_until(lambda: runs(r, prefix) == {"t": 1}, message="the handler started")
     assert client.status(handle.task_id).agent_id == first.agent_id
     first.kill()
     second = fleet.worker("crash", handler="tests.handlers:sleepy")
