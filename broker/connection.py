@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import random
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
 import redis
 import redis.asyncio
+from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
@@ -106,8 +108,36 @@ def _unreachable(exc: redis.exceptions.RedisClusterException) -> bool:
     return text.startswith(("Redis Cluster cannot be connected", "All slots are not covered"))
 
 
+
+
+_CONNECTION_CODE = (
+    os.path.join("redis", "asyncio", "connection.py"),
+    os.path.join("redis", "connection.py"),
+)
+_PARSER_CODE = os.path.join("redis", "_parsers", "")
+
+
+def _closed_under_us(exc: AttributeError) -> bool:
+    """An AttributeError raised inside redis-py's connection code: a topology refresh that failed
+    (cluster down, a node dead) closes every node's connections, also ones another coroutine or
+    thread is using at that moment, whose reader/writer then is None (redis-py 8.1, asyncio:
+    `'NoneType' object has no attribute 'writelines'` in Connection._send_packed_command)."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    if tb is None:
+        return False
+    filename = tb.tb_frame.f_code.co_filename
+    return filename.endswith(_CONNECTION_CODE) or _PARSER_CODE in filename
+
+
+def _as_connection_error(exc: AttributeError) -> redis.exceptions.ConnectionError:
+    return redis.exceptions.ConnectionError(f"connection closed while in use ({exc})")
+
+
 class _SyncCluster(RedisCluster):
-    """RedisCluster that reports an unreachable cluster as a ConnectionError."""
+    """RedisCluster that reports an unreachable cluster (and a connection closed under a
+    command by a concurrent topology refresh) as a ConnectionError."""
 
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         try:
@@ -116,10 +146,27 @@ class _SyncCluster(RedisCluster):
             if _unreachable(exc):
                 raise redis.exceptions.ConnectionError(str(exc)) from exc
             raise
+        except AttributeError as exc:
+            if _closed_under_us(exc):
+                raise _as_connection_error(exc) from exc
+            raise
+
+
+class _AsyncClusterPipeline(AsyncClusterPipeline):
+    async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
+        try:
+            return await super().execute(*args, **kwargs)
+        except AttributeError as exc:
+            if _closed_under_us(exc):
+                raise _as_connection_error(exc) from exc
+            raise
 
 
 class _AsyncCluster(AsyncRedisCluster):
-    """asyncio RedisCluster that reports an unreachable cluster as a ConnectionError."""
+    """asyncio RedisCluster whose failures while the cluster is unreachable or reconfiguring are
+    all ConnectionErrors (so every reconnect loop retries them): redis-py's catch-all
+    RedisClusterException when no node answers, and the AttributeError of a connection closed
+    under a command by a concurrent topology refresh."""
 
     async def initialize(self, *args: Any, **kwargs: Any) -> _AsyncCluster:
         try:
@@ -129,6 +176,19 @@ class _AsyncCluster(AsyncRedisCluster):
                 raise redis.exceptions.ConnectionError(str(exc)) from exc
             raise
         return self
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except AttributeError as exc:
+            if _closed_under_us(exc):
+                raise _as_connection_error(exc) from exc
+            raise
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> _AsyncClusterPipeline:
+        if shard_hint:
+            raise redis.exceptions.RedisClusterException("shard_hint is deprecated in cluster mode")
+        return _AsyncClusterPipeline(self, transaction)  # type: ignore[abstract]
 
 
 def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncClient:
