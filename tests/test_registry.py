@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from agent_worker.registration import register
-from broker import ReachClient, connection, protocol
+from broker import ReachClient, TaskHandle, connection, protocol
 from broker.embedded import EmbeddedRedis, free_port
 from broker.ids import split_task_id
 from broker.keys import AGENT_GROUP, CapabilityKeys, RegistryKeys
@@ -122,10 +122,13 @@ def alive(proc: Proc) -> None:
     assert proc.popen.poll() is None, f"{proc.name} exited:\n{proc.output()[-3000:]}"
 
 
-def holds_one_running_one_unread(r: redis.Redis, prefix: str, capability: str, proc: Proc) -> bool:
+def holds_one_running_one_unread(r: redis.Redis, prefix: str, capability: str, proc: Proc,
+                                 running: TaskHandle) -> bool:
+    """The agent read one entry and accepted its task (`running`); one more waits unread."""
     alive(proc)
     assert proc.agent_id
-    return inbox_load(r, prefix, capability, proc.agent_id) == (2, 1)
+    return (inbox_load(r, prefix, capability, proc.agent_id) == (2, 1)
+            and running.status().state == "running")
 
 
 # -- health states driven by real signals -----------------------------------------------------
@@ -209,7 +212,7 @@ def test_an_offline_agents_unread_tasks_are_rerouted_and_complete(
     long = client.submit("off", {"s": 30, "n": "long"}, priority=9)
     short = client.submit("off", {"s": 0.1, "n": "short"}, priority=1)
     fleet.dispatcher()
-    wait_until(lambda: holds_one_running_one_unread(r, prefix, "off", a),
+    wait_until(lambda: holds_one_running_one_unread(r, prefix, "off", a, long),
                message="one running and one unread task in the agent's inbox")
     assert long.status().state == "running" and short.status().state == "dispatched"
     b = fleet.worker("off", handler="tests.handlers:sleepy", concurrency=2)
@@ -255,13 +258,16 @@ def test_an_offline_agents_unread_tasks_are_rerouted_and_complete(
 def test_a_warming_agent_gets_nothing_until_its_warmup_ends(
     settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
 ) -> None:
-    fleet.dispatcher()
+    # The task waits before the agent exists, and the dispatcher serves its capability before
+    # the agent registers: it could hand the task over the moment the agent shows up.
+    handle = client.submit("warm", {"n": 1})
+    d = fleet.dispatcher()
+    wait_until(lambda: "serving capability warm" in d.output(), message="the dispatcher serving")
     w = fleet.worker("warm", handler="tests.handlers:record", concurrency=4, wait=False,
                      extra_args=["--warmup-s", "2"])
     assert w.agent_id
     wait_until(lambda: agent_state_of(settings, w.agent_id or "") is AgentState.WARMING,
                message="the agent registered and warming")
-    handle = client.submit("warm", {"n": 1})
     warm_until = int(agent_hash(r, prefix, w.agent_id)["warm_until"])
     checked_while_warming = 0
 
@@ -404,6 +410,36 @@ def test_tasks_still_running_when_the_drain_grace_ends_are_handed_on_not_failed(
     assert r.xlen(CapabilityKeys(prefix, "grace").dlq) == 0
 
 
+@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
+    "broker/lua/dispatch.lua hands tasks to any agent id (it even recreates the inbox and the "
+    "inboxes-set entry that the drained worker removed), and nothing hands back unread entries "
+    "of an inbox whose agent is no longer registered (dispatcher/health.py only walks registry "
+    "records, capability.py's sweep only pending entries): the task stays dispatched forever"))
+def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
+    settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
+) -> None:
+    fleet.dispatcher()
+    a = fleet.worker("left", handler="tests.handlers:record", concurrency=2)
+    assert a.agent_id
+    assert client.run("left", {"n": 0}, timeout=30) == {"n": 0}
+    a.signal(signal.SIGTERM)
+    assert a.wait(20) == 0, a.output()[-3000:]
+    assert agent_hash(r, prefix, a.agent_id) == {}
+    handle = client.submit("left", {"n": 1})
+    # Another dispatcher whose registry view is a moment old (it has not seen the drain yet)
+    # makes its hand-off to the agent it still believes healthy: the product's own script.
+    local = split_task_id(handle.task_id)[1]
+    result = protocol.parse_dispatch(Scripts(r)(
+        protocol.dispatch_call(settings, "left", a.agent_id, 10, [local])))
+    b = fleet.worker("left", handler="tests.handlers:record", concurrency=2)
+    # Either the hand-off is refused (the task stays queued for b) or the unread entry of the
+    # departed agent's inbox is handed back; never is the task left behind.
+    wait_until(lambda: handle.status().state == "succeeded", timeout=10,
+               message=f"the task to run on the remaining agent (hand-off: {result})")
+    assert handle.status().agent_id == b.agent_id
+    assert runs(r, prefix) == {"0": 1, "1": 1}
+
+
 def test_a_second_signal_exits_at_once_and_the_task_is_handed_on_by_its_lease(
     settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
 ) -> None:
@@ -498,7 +534,7 @@ def test_forged_accept_complete_progress_renew_with_a_wrong_token_are_refused(
     running = client.submit("fence", {"s": 3, "n": "running"}, priority=9)
     waiting = client.submit("fence", {"s": 0.1, "n": "waiting"}, priority=1)
     fleet.dispatcher()
-    wait_until(lambda: holds_one_running_one_unread(r, prefix, "fence", w),
+    wait_until(lambda: holds_one_running_one_unread(r, prefix, "fence", w, running),
                message="one running and one unread task in the agent's inbox")
     entries = inbox_entries(r, prefix, "fence", w.agent_id)
     run_local, wait_local = split_task_id(running.task_id)[1], split_task_id(waiting.task_id)[1]
@@ -732,7 +768,7 @@ def test_reach_agents_and_queues_json_list_every_agent_and_queue_depth(
         rty = client.submit("rty", {"n": "r"})
     fleet.dispatcher(settings=settings)
     ck_rty = CapabilityKeys(prefix, "rty")
-    wait_until(lambda: holds_one_running_one_unread(r, prefix, "lst", busy),
+    wait_until(lambda: holds_one_running_one_unread(r, prefix, "lst", busy, lst[0]),
                message="one running and one unread lst task")
     wait_until(lambda: r.zcard(ck_rty.delayed) == 1, message="the rty task waiting for its retry")
     assert lst[2].status().state == "queued" and rty.status().state == "retrying"
