@@ -104,11 +104,12 @@ class HeartbeatThread(threading.Thread):
                 self._scripts = Scripts(self._client)
             assert self._scripts is not None
             stats = self._stats()
-            # Write the numbers only when they moved (or every FULL_STATS_EVERY_S): most beats
-            # just prove liveness, so a large fleet does not storm the registry.
+            # Every beat carries the numbers, but only one where they moved (or every
+            # FULL_STATS_EVERY_S) makes dispatchers re-read the record: a large fleet does not
+            # storm the registry's readers.
             fresh = changed(self._sent, stats) or time.monotonic() - self._sent_at >= FULL_STATS_EVERY_S
             reply = self._scripts(protocol.heartbeat_call(
-                self.settings, self.agent_id, self._token(), stats if fresh else None, self._mode
+                self.settings, self.agent_id, self._token(), stats, self._mode, significant=fresh
             ))
             if fresh and reply[0] == "ok":
                 self._sent, self._sent_at = stats, time.monotonic()

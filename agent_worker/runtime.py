@@ -193,6 +193,12 @@ class Worker:
                 reader.cancel()
             return
         self._heartbeat.beat_now("draining")
+        for capability in self.bindings:
+            # Dispatchers read the registry a moment late; this marker, next to the agent's
+            # token in the capability's own hash slot, stops dispatch.lua at once.
+            with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                await self._redis.hset(CapabilityKeys(self.settings.prefix, capability).tokens,
+                                       f"draining:{self.agent_id}", "1")
         for reader in readers:
             reader.cancel()
         await asyncio.gather(*readers, return_exceptions=True)
@@ -205,8 +211,9 @@ class Worker:
         deadline = time.monotonic() + grace
         while self.running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for item in list(self.running.values()):  # past the grace period: hand them back
-            item.ctx._cancel()
+        for item in list(self.running.values()):
+            # Past the grace period: stop them and report "worker stopped" (retryable), so they
+            # run again elsewhere. (Not ctx._cancel(): that means the producer canceled.)
             if item.task is not None:
                 item.task.cancel()
         while self.running:
@@ -218,7 +225,7 @@ class Worker:
             await self._scripts(protocol.deregister_call(self.settings, self.agent_id, self.token))
             for capability in self.bindings:
                 ck = CapabilityKeys(self.settings.prefix, capability)
-                await self._redis.hdel(ck.tokens, self.agent_id)
+                await self._redis.hdel(ck.tokens, self.agent_id, f"draining:{self.agent_id}")
                 if not await self._redis.xlen(ck.inbox(self.agent_id)):
                     await self._redis.delete(ck.inbox(self.agent_id))
                     await self._redis.srem(ck.inboxes, self.agent_id)
@@ -271,10 +278,15 @@ class Worker:
                 backoff = 0.1
             except redis.exceptions.ResponseError as exc:
                 await self._release(n)
-                if "NOGROUP" not in str(exc):
-                    raise
-                await self._scripts(protocol.bind_call(
-                    self.settings, binding.capability, self.agent_id, token_sha(self.token)))
+                recover = True
+                if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
+                    await self._scripts(protocol.bind_call(
+                        self.settings, binding.capability, self.agent_id, token_sha(self.token)))
+                    continue
+                # Anything else is unexpected: say so loudly, but never stop reading.
+                log.exception("reading inbox %s failed; retrying in %.1fs", inbox, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
             except connection.TRANSIENT_ERRORS as exc:
                 await self._release(n)
                 recover = True

@@ -190,7 +190,7 @@ def dispatch_call(
 ) -> ScriptCall:
     """Hand tasks, given as local ids or (local id, explanation JSON), to one agent's inbox."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq]
+    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq, ck.tokens]
     args: list[str | int | float] = [
         agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
     ]
@@ -432,14 +432,15 @@ def bind_call(settings: Settings, capability: str, agent_id: str, token_sha: str
 
 
 def heartbeat_call(
-    settings: Settings, agent_id: str, token: str, stats: dict[str, Any] | None, mode: str = ""
+    settings: Settings, agent_id: str, token: str, stats: dict[str, Any], mode: str = "",
+    significant: bool = True,
 ) -> ScriptCall:
-    """A beat; `stats` None renews liveness only (the numbers did not change enough)."""
+    """A beat with the agent's numbers; `significant` when routing should re-read the record."""
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "heartbeat",
         [rk.agents, rk.agent(agent_id), rk.events, rk.changes, rk.rev],
-        [agent_id, token, codec.dumps(stats) if stats is not None else "", mode, settings.prefix + ":"],
+        [agent_id, token, codec.dumps(stats), mode, settings.prefix + ":", "1" if significant else ""],
     )
 
 

@@ -200,6 +200,10 @@ class CapabilityLoop:
         summaries = await pipe.execute(raise_on_error=False)
         moved = 0
         for agent_id, summary in zip(agents, summaries, strict=True):
+            if agent_id not in self.d.view.agents and self.d.view.refreshed:
+                # Not registered (any more): whatever it left unread goes to other agents.
+                moved += await inbox.release_unread(self.d.redis, self.d.scripts, settings,
+                                                    self.capability, agent_id, "agent gone")
             if not isinstance(summary, dict) or not summary.get("pending"):
                 continue
             moved += await inbox.reclaim_lapsed(

@@ -71,16 +71,18 @@ class HealthWatcher:
         rk = RegistryKeys(settings.prefix)
         log.info("pruning agent %s (offline longer than %d ms)", record.agent_id,
                  settings.prune_after_ms)
+        # Capability side first, registry record last: a reader never sees "pruned" while the
+        # agent's token is still accepted.
+        for capability in record.capabilities:
+            ck = CapabilityKeys(settings.prefix, capability)
+            await self.d.redis.hdel(ck.tokens, record.agent_id, f"draining:{record.agent_id}")
+            if not await self.d.redis.xlen(ck.inbox(record.agent_id)):
+                await self.d.redis.delete(ck.inbox(record.agent_id))
+                await self.d.redis.srem(ck.inboxes, record.agent_id)
         await self.d.redis.zrem(rk.agents, record.agent_id)
         await self.d.redis.zrem(rk.changes, record.agent_id)
         await self.d.redis.delete(rk.agent(record.agent_id))
         await self.d.redis.xadd(rk.events, {"type": "pruned", "agent_id": record.agent_id,
                                             "time": str(self.d.view.now_ms()), "detail": ""},
                                 maxlen=10000, approximate=True)
-        for capability in record.capabilities:
-            ck = CapabilityKeys(settings.prefix, capability)
-            await self.d.redis.hdel(ck.tokens, record.agent_id)
-            if not await self.d.redis.xlen(ck.inbox(record.agent_id)):
-                await self.d.redis.delete(ck.inbox(record.agent_id))
-                await self.d.redis.srem(ck.inboxes, record.agent_id)
         self.d.view.agents.pop(record.agent_id, None)

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 
 from agent_worker.registration import register
@@ -382,10 +381,6 @@ def test_sigterm_drains_in_flight_tasks_hands_back_unread_ones_at_once_and_dereg
     assert "draining" in log and "Traceback" not in log
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "agent_worker/runtime.py _drain marks each task still running past the grace as canceled "
-    "(item.ctx._cancel()), so executor.run_attempt reports it as Outcome.FAILURE 'canceled while "
-    "running' and complete.lua dead-letters it (reason failure) instead of handing it on"))
 def test_tasks_still_running_when_the_drain_grace_ends_are_handed_on_not_failed(
     make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
@@ -410,11 +405,6 @@ def test_tasks_still_running_when_the_drain_grace_ends_are_handed_on_not_failed(
     assert r.xlen(CapabilityKeys(prefix, "grace").dlq) == 0
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "broker/lua/dispatch.lua hands tasks to any agent id (it even recreates the inbox and the "
-    "inboxes-set entry that the drained worker removed), and nothing hands back unread entries "
-    "of an inbox whose agent is no longer registered (dispatcher/health.py only walks registry "
-    "records, capability.py's sweep only pending entries): the task stays dispatched forever"))
 def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
     settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
 ) -> None:
@@ -679,11 +669,6 @@ def test_heartbeats_come_every_interval_and_report_execution_only_latency_and_st
     assert max(gaps) < settings.suspect_after_ms
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "commit 95e8b96 (incremental registry): agent_worker/registration.py HeartbeatThread.beat "
-    "sends stats=None unless agent_worker/stats.py changed() sees draining/stalled/latency/"
-    "health/stability move, so beats do not carry inflight or loop_progress_age_ms: the "
-    "registry keeps the idle numbers (inflight 0) while a task runs, for up to 30 s"))
 def test_every_heartbeat_carries_the_current_inflight_count_and_loop_progress(
     settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
 ) -> None:

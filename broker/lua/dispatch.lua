@@ -1,19 +1,23 @@
 -- dispatch: hand ready tasks to one agent's inbox, atomically, never past its backlog limit.
 -- KEYS[1] queue zset   KEYS[2] the agent's inbox stream   KEYS[3] inboxes set   KEYS[4] sessions hash
--- KEYS[5] capability event feed   KEYS[6] dead-letter stream
--- then for task i (0-based): KEYS[7+3i] task hash, KEYS[8+3i] task events, KEYS[9+3i] task done list
+-- KEYS[5] capability event feed   KEYS[6] dead-letter stream   KEYS[7] agent tokens hash
+-- then for task i (0-based): KEYS[8+3i] task hash, KEYS[9+3i] task events, KEYS[10+3i] task done list
 -- ARGV[1] agent id   ARGV[2] most unread entries the inbox may hold   ARGV[3] feed maxlen
 -- ARGV[4] channel prefix   ARGV[5] result ttl ms
 -- then for task i: ARGV[6+2i] its local id, ARGV[7+2i] why this agent (JSON, kept in the record
 -- for `reach explain`; '' for none)
 -- A task another dispatcher already took (no longer in the queue) is skipped; a task past its
 -- deadline fails with reason `expired` instead of being delivered. Tasks left when the inbox is
--- full stay in the queue for another agent.
+-- full stay in the queue for another agent. An agent that deregistered (no token) or is
+-- draining gets nothing, whatever the caller's view of the registry says.
 -- Returns {inbox length, inbox pending, dispatched, taken, expired, left}.
 local c = {feed = KEYS[5], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
 local inbox, agent, max_unread = KEYS[2], ARGV[1], tonumber(ARGV[2])
-local n = (#KEYS - 6) / 3
+local n = (#KEYS - 7) / 3
 
+if redis.call('HEXISTS', KEYS[7], agent) == 0 or redis.call('HEXISTS', KEYS[7], 'draining:' .. agent) == 1 then
+  return {0, 0, 0, 0, 0, n}
+end
 if redis.call('EXISTS', inbox) == 0 then
   redis.call('XGROUP', 'CREATE', inbox, 'agents', '0', 'MKSTREAM')
 end
@@ -22,7 +26,7 @@ local len, pending = inbox_load(inbox)
 local now = now_ms()
 local dispatched, taken, expired, left = 0, 0, 0, 0
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
+  local task_key, events_key, done_key = KEYS[8 + 3 * i], KEYS[9 + 3 * i], KEYS[10 + 3 * i]
   local local_id, why = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
   if len - pending >= max_unread then
     left = n - i

@@ -1,9 +1,9 @@
 -- heartbeat: an agent proves it is alive and reports how it is doing.
 -- KEYS[1] agents zset   KEYS[2] the agent's hash   KEYS[3] registry event stream
 -- KEYS[4] changes zset (agent -> revision)   KEYS[5] revision counter
--- ARGV[1] agent id   ARGV[2] token   ARGV[3] stats JSON ('' when they did not change enough to be
--- worth writing: the beat then only proves liveness)   ARGV[4] mode ('' keeps it, else 'active'
--- or 'draining')   ARGV[5] channel prefix
+-- ARGV[1] agent id   ARGV[2] token   ARGV[3] stats JSON   ARGV[4] mode ('' keeps it, else
+-- 'active' or 'draining')   ARGV[5] channel prefix   ARGV[6] '1' when the numbers moved enough
+-- for routing to care (then the record's revision moves and dispatchers re-read it)
 -- The time of the beat is the Redis server's, so a skewed agent clock changes nothing. Readers
 -- find changed records through the changes zset instead of re-reading every agent.
 -- A wrong token is refused, counted and recorded. Returns {'ok', server ms} | {'refused'} | {'unknown'}.
@@ -19,11 +19,8 @@ if ARGV[2] == '' or f[1] ~= redis.sha1hex(ARGV[2]) then
 end
 redis.call('HSET', KEYS[2], 'last_seen', jint(now))
 redis.call('ZADD', KEYS[1], now, agent)
-local changed = false
-if ARGV[3] ~= '' then
-  redis.call('HSET', KEYS[2], 'stats', ARGV[3])
-  changed = true
-end
+local changed = ARGV[6] == '1'
+if ARGV[3] ~= '' then redis.call('HSET', KEYS[2], 'stats', ARGV[3]) end
 if ARGV[4] ~= '' and ARGV[4] ~= f[2] then
   changed = true
   redis.call('HSET', KEYS[2], 'mode', ARGV[4])
