@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -22,6 +23,7 @@ import secrets
 import signal
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +49,26 @@ AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 READ_BLOCK_MS = 1000
 COMPLETE_BATCH = 200
 TICK_S = 0.1
+
+
+async def supervised(job: Callable[[], Awaitable[None]], name: str = "") -> None:
+    """Run a long-lived job; if it fails unexpectedly, log why and start it again (backing off).
+
+    A job that dies silently would leave the process alive but useless (e.g. heartbeating while
+    reading nothing), which is worse than any crash.
+    """
+    name = name or getattr(job, "__name__", "job")
+    backoff = 0.5
+    while True:
+        try:
+            await job()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s failed unexpectedly; restarting it in %.1fs", name, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 30.0)
 
 
 def default_agent_id() -> str:
@@ -129,14 +151,12 @@ class Worker:
         # Registration retries in the background while Redis is away; the readers wait for it.
         self._registered = asyncio.Event()
         self._reregister.set()
-        jobs = [asyncio.create_task(self._reader(b), name=f"reader-{c}")
+        jobs = [asyncio.create_task(supervised(functools.partial(self._reader, b), f"reader-{c}"),
+                                    name=f"reader-{c}")
                 for c, b in self.bindings.items()]
         helpers = [
-            asyncio.create_task(self._flusher(), name="flusher"),
-            asyncio.create_task(self._renewer(), name="renewer"),
-            asyncio.create_task(self._control(), name="control"),
-            asyncio.create_task(self._ticker(), name="ticker"),
-            asyncio.create_task(self._registrar(), name="registrar"),
+            asyncio.create_task(supervised(job), name=job.__name__)
+            for job in (self._flusher, self._renewer, self._control, self._ticker, self._registrar)
         ]
         log.info("agent %s ready (concurrency %d)", self.agent_id, self.concurrency)
         await self._stop_event.wait()
@@ -260,24 +280,31 @@ class Worker:
         # this agent id: a reply lost in a Redis restart, or an earlier process of the same id.
         recover = True
         while not self._stopping:
-            n = await self._reserve(share)
-            if n == 0:
+            held = await self._reserve(share)  # slots this loop holds (released exactly once)
+            if held == 0:
                 return
             try:
                 if recover:
-                    entries = await self._own_pending(inbox, n)
+                    entries = await self._own_pending(inbox, held)
                     recover = bool(entries)
                 else:
                     reply = await self._redis.xreadgroup(
-                        AGENT_GROUP, self.agent_id, {inbox: ">"}, count=n, block=READ_BLOCK_MS
+                        AGENT_GROUP, self.agent_id, {inbox: ">"}, count=held, block=READ_BLOCK_MS
                     )
                     entries = reply[0][1] if reply else []
-                await self._release(n - len(entries))
+                await self._release(held - len(entries))
+                held = 0
                 if entries:
-                    await self._accept(binding, ck, entries)
+                    await self._accept(binding, ck, entries)  # owns one slot per entry
                 backoff = 0.1
+            except connection.TRANSIENT_ERRORS as exc:  # (before ResponseError: CLUSTERDOWN is one)
+                await self._release(held)
+                recover = True
+                log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
             except redis.exceptions.ResponseError as exc:
-                await self._release(n)
+                await self._release(held)
                 recover = True
                 if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
                     await self._scripts(protocol.bind_call(
@@ -285,12 +312,6 @@ class Worker:
                     continue
                 # Anything else is unexpected: say so loudly, but never stop reading.
                 log.exception("reading inbox %s failed; retrying in %.1fs", inbox, backoff)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except connection.TRANSIENT_ERRORS as exc:
-                await self._release(n)
-                recover = True
-                log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
@@ -315,29 +336,39 @@ class Worker:
 
     async def _accept(self, binding: Binding, ck: CapabilityKeys,
                       entries: list[tuple[str, dict[str, str]]]) -> None:
+        """Accept what was read and start it; one slot per entry comes in, and every slot not
+        used by a started task is released, whatever happens (entries left unaccepted stay in
+        this agent's pending list and are found again by _own_pending)."""
+        unused = len(entries)
+        try:
+            unused -= await self._accept_entries(binding, ck, entries)
+        finally:
+            await self._release(unused)
+
+    async def _accept_entries(self, binding: Binding, ck: CapabilityKeys,
+                              entries: list[tuple[str, dict[str, str]]]) -> int:
+        """Returns how many tasks were started."""
         deliveries: list[protocol.Delivery] = []
         for entry_id, fields in entries:
             lease = inbox.parse_lease(binding.capability, entry_id, fields)
             if lease is None:
                 await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
                                                   entry_id, fields)
-                await self._release(1)
                 continue
             deliveries.append(protocol.Delivery(entry_id, lease.local_id, lease.fence))
         if not deliveries:
-            return
+            return 0
         call = protocol.accept_call(self.settings, binding.capability, self.agent_id, self.token,
                                     deliveries)
         reply = await connection.with_reconnect(lambda: self._scripts(call))
         parsed = protocol.parse_accept(deliveries, reply)
         if parsed.refused:
             log.error("inbox %s: our token was refused; registering again", binding.capability)
-            await self._release(len(deliveries))
             self._reregister.set()
-            return
-        await self._release(len(deliveries) - len(parsed.accepted))
+            return 0
         for accepted in parsed.accepted:
             self._start(binding, accepted)
+        return len(parsed.accepted)
 
     async def _dead_letter_malformed(self, capability: str, stream: str, entry_id: str,
                                      fields: dict[str, str]) -> None:
@@ -482,8 +513,9 @@ class Worker:
     async def _control(self) -> None:
         channel = Channels(self.settings.prefix).control(self.agent_id)
         while True:
-            pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = None
             try:
+                pubsub = await connection.open_async_pubsub(self._redis)
                 await pubsub.subscribe(channel)
                 while True:
                     message = await pubsub.get_message(timeout=5.0)
@@ -493,8 +525,9 @@ class Worker:
                 log.warning("control channel lost (%s); resubscribing", exc)
                 await asyncio.sleep(1.0)
             finally:
-                with contextlib.suppress(*connection.TRANSIENT_ERRORS):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                        await pubsub.aclose()
 
     def _on_control(self, text: str) -> None:
         verb, _, arg = text.partition(" ")

@@ -157,21 +157,36 @@ class AsyncReachClient:
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         ck, local = self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = connection.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
         listener = self._get_listener()
-        with self._errors():
-            queue = await listener.watch(channel)
-            try:
-                while True:
+        queue = await self._watch(listener, channel, outage)
+        try:
+            while True:
+                try:
                     fields = await self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
-                    if fields[0] is None:
-                        raise UnknownTask(task_id)
-                    done, value = outcome(task_id, fields)
-                    if done:
-                        return value
-                    await self._wait_for_terminal(queue, deadline, task_id, timeout)
-            finally:
-                await listener.unwatch(channel, queue)
+                    outage.over()
+                except connection.TRANSIENT_ERRORS as exc:
+                    await asyncio.sleep(outage.next_pause(exc))
+                    continue
+                if fields[0] is None:
+                    raise UnknownTask(task_id)
+                done, value = outcome(task_id, fields)
+                if done:
+                    return value
+                await self._wait_for_terminal(queue, deadline, task_id, timeout)
+        finally:
+            await listener.unwatch(channel, queue)
+
+    async def _watch(self, listener: TaskListener, channel: str,
+                     outage: connection.WaitOutage) -> asyncio.Queue[str | None]:
+        while True:
+            try:
+                queue = await listener.watch(channel)
+                outage.over()
+                return queue
+            except connection.TRANSIENT_ERRORS as exc:
+                await asyncio.sleep(outage.next_pause(exc))
 
     async def _wait_for_terminal(
         self, queue: asyncio.Queue[str | None], deadline: float | None, task_id: str,
@@ -191,31 +206,34 @@ class AsyncReachClient:
     async def events(self, task_id: str, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
         ck, local = self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
+        outage = connection.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
         listener = self._get_listener()
         last = 0
         ended = False
-        with self._errors():
-            queue = await listener.watch(channel)
+        queue = await self._watch(listener, channel, outage)
         try:
             with self._errors():
                 if not await self._redis.exists(ck.task(local)):
                     raise UnknownTask(task_id)
             while True:
-                with self._errors():
+                try:
                     raw = await self._redis.lrange(ck.task_events(local), last, -1)
+                    state = await self._redis.hget(ck.task(local), "state") if raw else None
+                    alive = bool(raw) or bool(await self._redis.exists(ck.task(local)))
+                    outage.over()
+                except connection.TRANSIENT_ERRORS as exc:
+                    await asyncio.sleep(outage.next_pause(exc))
+                    continue
                 fresh = parse_events(raw, last)
                 for event in fresh:
                     last = event.seq
                     ended = event_ends_story(event, ended)
                     yield event
-                if fresh and ended:
-                    # The last lifecycle event so far is terminal: done, unless the task was
-                    # replayed meanwhile (then more events follow).
-                    with self._errors():
-                        state = await self._redis.hget(ck.task(local), "state")
-                    if state in TERMINAL_STATES or state is None:
-                        return
+                if fresh and ended and (state in TERMINAL_STATES or state is None):
+                    return  # the last lifecycle event is terminal (and no replay followed)
+                if not alive:
+                    return  # the record expired under us: nothing more will come
                 remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")

@@ -12,6 +12,7 @@ raises the builtin TimeoutError and leaves the task running.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -30,6 +31,13 @@ from broker.settings import Settings
 # not time out under a blocked command). Not polling: each call blocks until woken.
 _BLOCK_CHUNK_S = 5.0
 SUBMIT_BATCH = 200
+
+
+def _close_quietly(pubsub: Any) -> None:
+    """Close a pubsub that is being abandoned, ignoring errors."""
+    if pubsub is not None:
+        with contextlib.suppress(Exception):
+            pubsub.close()
 
 
 class TaskHandle:
@@ -180,11 +188,13 @@ class ReachClient:
 
     def result(self, task_id: str, timeout: float | None = None) -> Any:
         """The task's result; TaskFailed/TaskCanceled if it ended otherwise; TimeoutError if it
-        has not ended within `timeout` seconds (None: wait as long as it takes)."""
+        has not ended within `timeout` seconds (None: wait as long as it takes). A Redis outage
+        shorter than WAIT_OUTAGE_S (a failover, a restart) is waited out."""
         ck, local = self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._errors():
-            while True:
+        outage = connection.WaitOutage(self.settings, deadline)
+        while True:
+            try:
                 fields = self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
                 if fields[0] is None:
                     raise UnknownTask(task_id)
@@ -195,7 +205,12 @@ class ReachClient:
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
                 done_key = ck.task_done(local)
-                self._redis.blmove(done_key, done_key, min(remaining, _BLOCK_CHUNK_S), "RIGHT", "LEFT")
+                # (Redis reads a timeout under about 1 ms as 0, which means "block for ever".)
+                self._redis.blmove(done_key, done_key, max(0.01, min(remaining, _BLOCK_CHUNK_S)),
+                                   "RIGHT", "LEFT")
+                outage.over()
+            except connection.TRANSIENT_ERRORS as exc:
+                time.sleep(outage.next_pause(exc))
 
     def events(self, task_id: str, timeout: float | None = None) -> Iterator[TaskEvent]:
         """Every event of the task from the first, then new ones live, until the terminal one.
@@ -204,40 +219,49 @@ class ReachClient:
         """
         ck, local = self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        pubsub = self._redis.pubsub(ignore_subscribe_messages=True)
+        outage = connection.WaitOutage(self.settings, deadline)
+        pubsub: Any = None
         last = 0
         ended = False
         try:
             with self._errors():
-                pubsub.subscribe(self._channels.task(task_id))
                 if not self._redis.exists(ck.task(local)):
                     raise UnknownTask(task_id)
             while True:
-                # The list is the truth; the channel only says when to look again.
-                with self._errors():
+                try:
+                    if pubsub is None:
+                        pubsub = connection.open_pubsub(self._redis)
+                        pubsub.subscribe(self._channels.task(task_id))
+                    # The list is the truth; the channel only says when to look again.
                     fresh = parse_events(self._redis.lrange(ck.task_events(local), last, -1), last)
+                    state = self._redis.hget(ck.task(local), "state") if fresh else None
+                    alive = bool(fresh) or bool(self._redis.exists(ck.task(local)))
+                    outage.over()
+                except connection.TRANSIENT_ERRORS as exc:
+                    _close_quietly(pubsub)
+                    pubsub = None
+                    time.sleep(outage.next_pause(exc))
+                    continue
                 for event in fresh:
                     last = event.seq
                     ended = event_ends_story(event, ended)
                     yield event
-                if fresh and ended:
-                    # The last lifecycle event so far is terminal: done, unless the task was
-                    # replayed meanwhile (then more events follow).
-                    with self._errors():
-                        state = self._redis.hget(ck.task(local), "state")
-                    if state in TERMINAL_STATES or state is None:
-                        return
-                if not fresh and not self._redis.exists(ck.task(local)):
+                if fresh and ended and (state in TERMINAL_STATES or state is None):
+                    return  # the last lifecycle event is terminal (and no replay followed)
+                if not alive:
                     return  # the record expired under us: nothing more will come
                 remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
-                with self._errors():
+                try:
                     pubsub.get_message(timeout=min(remaining, _BLOCK_CHUNK_S))
                     while pubsub.get_message(timeout=0) is not None:
                         pass  # drain a burst: one LRANGE covers it
+                except connection.TRANSIENT_ERRORS:
+                    _close_quietly(pubsub)
+                    pubsub = None  # reopened (maybe elsewhere) on the next turn
         finally:
-            pubsub.close()
+            _close_quietly(pubsub)
 
     # -- changing ---------------------------------------------------------------------------
 

@@ -23,6 +23,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any, TypeVar
 
@@ -282,6 +283,32 @@ def pubsub_node_client(settings: Settings) -> redis.asyncio.Redis:
     node when this one is lost."""
     url, _ = resolve_url(settings)
     return redis.asyncio.Redis.from_url(url, socket_timeout=None, **_COMMON)
+
+
+WAIT_OUTAGE_S = 15.0
+"""How long a wait (result, events) rides out Redis being unreachable before it gives up."""
+
+
+class WaitOutage:
+    """Backoff for a wait while Redis is unreachable; BrokerUnavailable when it lasts too long."""
+
+    def __init__(self, settings: Settings, deadline: float | None) -> None:
+        self.settings = settings
+        self.deadline = deadline
+        self.since: float | None = None
+        self.pause = 0.05
+
+    def over(self) -> None:
+        self.since = None
+        self.pause = 0.05
+
+    def next_pause(self, exc: BaseException) -> float:
+        now = time.monotonic()
+        self.since = self.since or now
+        if now - self.since > WAIT_OUTAGE_S or (self.deadline is not None and now > self.deadline):
+            raise unavailable(exc, self.settings) from exc
+        pause, self.pause = self.pause, min(self.pause * 2, 1.0)
+        return pause
 
 
 def unavailable(exc: BaseException, settings: Settings) -> BrokerUnavailable:

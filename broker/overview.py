@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from broker.keys import CapabilityKeys, RegistryKeys
-from broker.registry import AgentRecord, agent_state, server_ms
+from broker.registry import AgentRecord, agent_state, clock_of
 from broker.settings import Settings
 
 
@@ -51,7 +51,7 @@ class QueueRow:
 
 def _records(client: Any, settings: Settings) -> tuple[int, list[AgentRecord]]:
     rk = RegistryKeys(settings.prefix)
-    now = server_ms(client.time())
+    now = clock_of(client, rk.agents)
     ids = client.zrange(rk.agents, 0, -1)
     pipe = client.pipeline(transaction=False)
     for agent_id in ids:

@@ -109,3 +109,12 @@ def server_ms(time_reply: tuple[int, int] | list[int]) -> int:
     """Milliseconds from a TIME reply."""
     seconds, micros = time_reply
     return int(seconds) * 1000 + int(micros) // 1000
+
+
+SERVER_TIME_LUA = "return redis.call('TIME')"
+
+
+def clock_of(client: Any, key: str) -> int:
+    """The server time (ms) of the node that holds `key`: on Cluster each node has its own
+    clock, and a time is compared with times that node wrote."""
+    return server_ms(client.eval(SERVER_TIME_LUA, 1, key))

@@ -86,6 +86,12 @@ class CapabilityLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
+            except Exception:
+                # Never die silently: a dead loop leaves a capability without dispatch.
+                log.exception("%s: dispatch step failed; retrying in %.1fs", self.capability, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
             if progressed:
                 await asyncio.sleep(0)  # let other capabilities and the wake listener run
                 continue

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from broker.keys import RegistryKeys
-from broker.registry import AgentRecord, AgentState, agent_state, server_ms
+from broker.registry import SERVER_TIME_LUA, AgentRecord, AgentState, agent_state, server_ms
 from broker.settings import Settings
 
 FULL_REFRESH_EVERY_S = 60.0
@@ -38,7 +38,9 @@ class RegistryView:
     async def refresh(self) -> None:
         full = self._rev < 0 or time.monotonic() >= self._next_full
         pipe = self._redis.pipeline(transaction=False)
-        pipe.time()
+        # The registry node's clock, through a keyed script: a Cluster pipeline refuses keyless
+        # commands such as TIME.
+        pipe.eval(SERVER_TIME_LUA, 1, self._keys.agents)
         pipe.zrange(self._keys.agents, 0, -1, withscores=True)
         pipe.get(self._keys.rev)
         pipe.zrangebyscore(self._keys.changes, f"({self._rev}", "+inf")

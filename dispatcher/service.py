@@ -117,6 +117,9 @@ class Dispatcher:
             except connection.TRANSIENT_ERRORS as exc:
                 log.warning("registry refresh failed (%s)", exc)
                 await asyncio.sleep(min(tick, 1.0))
+            except Exception:
+                log.exception("registry refresh failed unexpectedly")
+                await asyncio.sleep(min(tick, 1.0))
 
     async def _retention(self) -> None:
         """Trim each capability's dead-letter stream to its retention, once a minute."""
@@ -130,7 +133,7 @@ class Dispatcher:
                     client = connection.sync_client(self.settings)
                 for capability in list(self.loops):
                     await asyncio.to_thread(trim, client, self.settings, capability)
-            except connection.TRANSIENT_ERRORS as exc:
+            except Exception as exc:  # retention must never stop the dispatcher
                 log.warning("DLQ retention skipped this time (%s)", exc)
 
     # -- wake-ups ---------------------------------------------------------------------------
@@ -139,8 +142,9 @@ class Dispatcher:
         channel = Channels(self.settings.prefix).wake
         backoff = 0.1
         while True:
-            pubsub = self.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = None
             try:
+                pubsub = await connection.open_async_pubsub(self.redis)
                 await pubsub.subscribe(channel)
                 backoff = 0.1
                 for loop in self.loops.values():
@@ -149,13 +153,14 @@ class Dispatcher:
                     message = await pubsub.get_message(timeout=5.0)
                     if message and message.get("type") == "message":
                         self.on_wake(str(message["data"]))
-            except connection.TRANSIENT_ERRORS as exc:
+            except Exception as exc:  # (transient or not: pub/sub only shortens waits)
                 log.warning("wake channel lost (%s); resubscribing in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             finally:
-                with contextlib.suppress(*connection.TRANSIENT_ERRORS):
-                    await pubsub.aclose()
+                if pubsub is not None:
+                    with contextlib.suppress(*connection.TRANSIENT_ERRORS):
+                        await pubsub.aclose()
 
     def on_wake(self, text: str) -> None:
         parts = text.split(" ")

@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.ids import check_capability
 from broker.keys import CapabilityKeys, RegistryKeys
-from broker.registry import server_ms
+from broker.registry import clock_of
 from broker.settings import Settings
 
 log = logging.getLogger("reach.dlq")
@@ -38,7 +38,7 @@ def trim(client: Any, settings: Settings, capability: str) -> int:
     """
     check_capability(capability)
     key = CapabilityKeys(settings.prefix, capability).dlq
-    cut = cutoff_ms(server_ms(client.time()), settings)
+    cut = cutoff_ms(clock_of(client, key), settings)
     removed = int(client.xtrim(key, minid=f"{cut}-0", approximate=False))
     if settings.dlq_maxlen:
         length = int(client.xlen(key))

@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.embedded import EmbeddedRedis
 from broker.keys import RegistryKeys
-from broker.registry import AgentRecord, AgentState, agent_state, server_ms
+from broker.registry import AgentRecord, AgentState, agent_state, clock_of
 from broker.settings import Settings
 
 STOP_TIMEOUT_S = 40.0
@@ -81,7 +81,7 @@ class Stack:
                 if self.dead():
                     raise RuntimeError(f"{', '.join(self.dead())} exited during start-up "
                                        f"(logs in {self.log_dir})")
-                now = server_ms(client.time())
+                now = clock_of(client, keys.agents)
                 healthy = 0
                 for agent_id in client.zrange(keys.agents, 0, -1):
                     record = AgentRecord.from_hash(client.hgetall(keys.agent(agent_id)))

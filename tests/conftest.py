@@ -27,7 +27,7 @@ import redis
 from broker import ReachClient
 from broker.embedded import EmbeddedRedis
 from broker.keys import RegistryKeys
-from broker.registry import AgentRecord, AgentState, agent_state, server_ms
+from broker.registry import AgentRecord, AgentState, agent_state, clock_of
 from broker.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -250,7 +250,7 @@ def agent_state_of(settings: Settings, agent_id: str) -> AgentState | None:
         record = AgentRecord.from_hash(data) if data else None
         if record is None:
             return None
-        return agent_state(record, server_ms(client.time()), settings)
+        return agent_state(record, clock_of(client, keys.agents), settings)
     finally:
         client.close()
 

@@ -10,7 +10,6 @@ Three capabilities are chosen so that their hash tags fall in the slot ranges of
 masters, and the tests check that they do, through the server (CLUSTER KEYSLOT, CLUSTER SLOTS and
 which node holds a key). The failover tests kill the master that holds the registry and one of
 the capabilities mid-run, or a whole shard, and check that every acknowledged task completes.
-Tests that wait for a core fix are strict xfails naming it (CORE_FIXES below).
 """
 
 from __future__ import annotations
@@ -52,45 +51,6 @@ from tests.conftest import FAST, Fleet, Proc, wait_until
 # the same master as "search").
 SHARDED = ("alpha", "search", "extract")
 TIMINGS: dict[str, Any] = dict(FAST)
-
-# Core fixes this file waits for (see the issue 8 groundwork report). A test that needs one is a
-# strict xfail naming it, so it turns red once the fix lands and the marker must go.
-CORE_FIXES = {
-    "P1": "dispatcher/registry_view.py RegistryView.refresh queues TIME in a pipeline "
-          "(pipe.time()); a Cluster pipeline refuses keyless commands (RedisClusterException: "
-          "Calling pipelined function time is blocked when running redis in cluster mode) and the "
-          "dispatcher exits at start. Fix: read the registry node's clock with a keyed one-line "
-          "script in the same pipeline: pipe.eval(\"return redis.call('TIME')\", 1, "
-          "self._keys.agents)",
-    "P2": "agent_worker/runtime.py Worker._control calls self._redis.pubsub() before the cluster "
-          "client has learned the slot map (registration runs in the background), so "
-          "ClusterPubSub.subscribe raises KeyError (not transient) and the control task dies "
-          "silently: a cancel reaches the worker only at its next lease renewal. Fix: pubsub = "
-          "await connection.open_async_pubsub(self._redis) inside the try; the same in "
-          "dispatcher/service.py Dispatcher._wake_listener",
-    "P4": "waits give up at the first transient error: broker/client.py result() (BLMOVE loop) "
-          "and events(), broker/async_client.py result()/events() turn it into BrokerUnavailable "
-          "although the caller's timeout has not run out, so a producer waiting through a 2 s "
-          "failover fails. Fix: retry a wait's reads on connection.TRANSIENT_ERRORS with backoff "
-          "until its own deadline (bounded, e.g. 15 s of outage), then raise BrokerUnavailable",
-    "P6": "agent_worker/runtime.py Worker._reader catches redis.exceptions.ResponseError before "
-          "connection.TRANSIENT_ERRORS, but ClusterDownError (CLUSTERDOWN: any shard without a "
-          "master, and briefly in a failover), MasterDownError and TryAgainError are "
-          "ResponseErrors: the reader re-raises and its task dies silently while the heartbeat "
-          "keeps the agent healthy, so its inbox fills with tasks stuck 'dispatched' for ever. "
-          "Fix: put the TRANSIENT_ERRORS clause first",
-    "P7": "broker/lua/complete.lua refuses as stale the report of the current attempt when the "
-          "task is still 'dispatched' (same fence, same agent): the accept was applied by a "
-          "master that died before replicating it. The inbox entry is acked and deleted anyway, "
-          "so the task stays 'dispatched' for ever. Fix: treat dispatched + same fence + same "
-          "agent as the running attempt (count the attempt, then apply the outcome)",
-}
-
-
-def xfail_until(*fixes: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(reason="; ".join(f"[{f}] {CORE_FIXES[f]}" for f in fixes),
-                             strict=True)
-
 
 # -- fixtures ---------------------------------------------------------------------------------
 
@@ -348,7 +308,6 @@ async def asyncio_wait_until(condition: Callable[[], bool], timeout: float = 10.
 # -- delivery through dispatcher and worker processes -----------------------------------------
 
 
-@xfail_until("P1")
 def test_many_tasks_on_three_shards_two_workers_each_runs_exactly_once(
     cluster_fleet: Fleet, rc: Any, cluster_settings: Settings, cluster_client: ReachClient
 ) -> None:
@@ -372,7 +331,6 @@ def test_many_tasks_on_three_shards_two_workers_each_runs_exactly_once(
             assert rc.xlen(ck.inbox(str(agent))) == 0
 
 
-@xfail_until("P1")
 def test_events_progress_and_results_with_sync_and_async_clients(
     cluster_fleet: Fleet, rc: Any, cluster_settings: Settings, cluster_client: ReachClient
 ) -> None:
@@ -400,7 +358,6 @@ def test_events_progress_and_results_with_sync_and_async_clients(
     asyncio.run(with_async_client())
 
 
-@xfail_until("P1", "P2")
 def test_cancel_reaches_the_worker_running_the_task(
     cluster_fleet: Fleet, rc: Any, cluster_settings: Settings, cluster_client: ReachClient
 ) -> None:
@@ -419,7 +376,6 @@ def test_cancel_reaches_the_worker_running_the_task(
                message="the handler was stopped")
 
 
-@xfail_until("P1")
 def test_failures_dead_letters_and_raw_intake_on_the_cluster(
     cluster_fleet: Fleet, rc: Any, cluster_settings: Settings, cluster_client: ReachClient
 ) -> None:
@@ -457,7 +413,6 @@ def restore(cluster: LocalCluster) -> None:
     cluster.wait_ready(30)
 
 
-@xfail_until("P4")
 def test_a_waiting_producer_rides_out_a_failover(
     cluster: LocalCluster, rc: Any, cluster_client: ReachClient
 ) -> None:
@@ -538,7 +493,6 @@ def explain(rc: Any, settings: Settings, task_id: str) -> str:
             f"{record.get('fence')}, agent {agent}, events {events}, {inbox}")
 
 
-@xfail_until("P1", "P4", "P6", "P7")
 def test_failover_of_the_registry_master_mid_run(
     cluster: LocalCluster, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -652,7 +606,6 @@ def test_failover_of_the_registry_master_mid_run(
 
 
 
-@xfail_until("P1", "P6")
 def test_workers_and_dispatchers_carry_on_after_the_cluster_was_down(
     cluster: LocalCluster, rc: Any, cluster_fleet: Fleet, cluster_settings: Settings,
     cluster_client: ReachClient

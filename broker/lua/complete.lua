@@ -39,6 +39,15 @@ for i = 0, n - 1 do
     -- This very report was applied already (the call was retried after a lost reply). Every
     -- hand-over to another attempt (dispatch, reclaim) moves the fence, so this is not a late one.
     status = 'dup'
+  elseif f[1] == 'dispatched' and f[2] == fence and f[3] == agent then
+    -- The current attempt, whose accept was lost (a failover after the accept, before it reached
+    -- the replica): count the attempt, then apply the outcome below as for a running task.
+    f[4] = tostring(redis.call('HINCRBY', task_key, 'attempt', 1))
+    redis.call('HSET', task_key, 'state', 'running', 'started_at', jint(now))
+    f[1] = 'running'
+  end
+  if status then
+    -- decided above
   elseif f[1] ~= 'running' or f[2] ~= fence or f[3] ~= agent then
     emit(c, task_key, events_key, 'late_result_rejected', agent, now,
       '{"fence":' .. jint(fence) .. ',"current_fence":' .. jint(f[2]) .. ',"outcome":' .. jstr(outcome) .. '}')
