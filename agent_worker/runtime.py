@@ -144,6 +144,7 @@ class Worker:
         log.info("agent %s starting: %s", self.agent_id,
                  ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()))
         self._rss_start_kb = rss_kb()
+        await asyncio.to_thread(connection.check_eviction, self.settings)
         self._heartbeat = HeartbeatThread(
             self.settings, self.agent_id, lambda: self.token, self.heartbeat_stats,
             self._reregister_from_thread,

@@ -375,3 +375,18 @@ def warn_if_evicting(client: Any) -> str | None:
     )
     log.warning(msg)
     return msg
+
+
+def check_eviction(settings: Settings) -> str | None:
+    """`warn_if_evicting` with a short-lived client of its own (for process start-up); None
+    also when Redis cannot be reached yet (the process reconnects and carries on)."""
+    try:
+        client = sync_client(settings)
+    except (BrokerUnavailable, ConnectionError):
+        return None
+    try:
+        return warn_if_evicting(client)
+    except TRANSIENT_ERRORS:
+        return None
+    finally:
+        client.close()

@@ -61,6 +61,7 @@ class Dispatcher:
         self.health = HealthWatcher(self)
         log.info("dispatcher %s starting on %s (prefix %r)", self.dispatcher_id,
                  self.settings.redacted_url(), self.settings.prefix)
+        await asyncio.to_thread(connection.check_eviction, self.settings)
         await connection.with_reconnect(self._refresh)
         helpers = [
             asyncio.create_task(self._wake_listener(), name="wake-listener"),

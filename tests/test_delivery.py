@@ -202,3 +202,27 @@ def test_workers_dispatchers_and_clients_reconnect_after_a_redis_restart(tmp_pat
             fleet.stop_all()
     finally:
         server.stop()
+
+
+def test_processes_warn_at_start_when_redis_may_evict_tasks(tmp_path: object) -> None:
+    import secrets
+    from pathlib import Path
+
+    from broker import Settings
+    from broker.embedded import EmbeddedRedis
+    from tests.conftest import FAST
+
+    server = EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]).start()
+    try:
+        settings = Settings.load(redis_url=server.url, prefix=f"ev{secrets.token_hex(3)}", **FAST)
+        fleet = Fleet(settings, Path(str(tmp_path)))
+        try:
+            dispatcher = fleet.dispatcher()
+            worker = fleet.worker("echo")
+            for proc in (dispatcher, worker):
+                wait_until(lambda proc=proc: "maxmemory-policy is 'allkeys-lru'" in proc.output(),
+                           message=f"{proc.name} warns about eviction")
+        finally:
+            fleet.stop_all()
+    finally:
+        server.stop()
