@@ -248,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_sigterm)
     signal.signal(signal.SIGINT, on_sigterm)  # also when started in the background (SIGINT ignored)
     started = time.time()
+    at_start = machine()  # the load average now, before our own processes add to it
     run: Run | None = None
     try:
         target = Target(opts.redis_url)
@@ -275,7 +276,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": round(time.time() - started, 1), "mode": mode,
             "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
             "sizes": vars(opts.sizes), "reach_concurrency": opts.reach_concurrency,
-            "redis": target.info(), "machine": machine(), "versions": versions(), "git": git_state(),
+            "redis": target.info(), "machine": at_start, "versions": versions(), "git": git_state(),
             "load_average_at_end": os.getloadavg(),
         }
         result["figures"] = report.aggregate(result["rows"])
