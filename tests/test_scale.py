@@ -1,0 +1,142 @@
+"""Scale-out: several dispatchers with kills, and a fleet of simulated agents.
+
+The fleet test runs at a smoke size by default; `pytest -m soak` runs the full size of issue 8
+(1,000 agents, 50 capabilities, 100,000 tasks) and prints its figures.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+import redis
+
+from broker import ReachClient, Settings
+from broker.keys import CapabilityKeys, RegistryKeys
+from tests.conftest import ROOT, Fleet, settings_env
+from tests.handlers import runs
+from tests.sim_fleet import capability_of
+
+
+def test_three_dispatchers_killed_at_random_share_the_load_and_lose_nothing(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    rng = random.Random(8)
+    dispatchers = [fleet.dispatcher() for _ in range(3)]
+    for capability in ("m1", "m2", "m3"):
+        fleet.worker(capability, handler="tests.handlers:concurrency_probe", concurrency=8)
+    handles = []
+    for capability in ("m1", "m2", "m3"):
+        handles += client.submit_many(capability, [{"n": f"{capability}-{i}", "s": 0.003}
+                                                   for i in range(800)])
+    kills = 0
+    while len(runs(r, prefix)) < len(handles) and kills < 6:
+        time.sleep(0.7)  # the chaos interval itself
+        victim = rng.choice([d for d in dispatchers if d.popen.poll() is None])
+        victim.kill()
+        kills += 1
+        dispatchers.append(fleet.dispatcher())
+    for h in handles:
+        h.result(timeout=90)
+    counts = runs(r, prefix)
+    assert len(counts) == len(handles) and set(counts.values()) == {1}, "lost or run twice"
+    by_dispatcher: Counter[str] = Counter()
+    for h in handles:
+        capability, local = h.task_id.split(":")
+        explain = r.hget(CapabilityKeys(prefix, capability).task(local), "explain") or "{}"
+        by_dispatcher[json.loads(explain).get("round", "?").rsplit("-", 1)[0]] += 1
+    assert len(by_dispatcher) >= 3, by_dispatcher
+    assert max(by_dispatcher.values()) < 0.8 * len(handles), f"one hot dispatcher: {by_dispatcher}"
+
+
+def _fleet_run(settings: Settings, tmp: Any, agents: int, capabilities: int, tasks: int) -> dict[str, Any]:
+    """Register a simulated fleet, queue `tasks` over the capabilities, drain them through one
+    dispatcher; returns the figures."""
+    env = settings_env(settings)
+    log = open(tmp / "sim.log", "w")  # noqa: SIM115
+    sim = subprocess.Popen([sys.executable, "-m", "tests.sim_fleet", "--agents", str(agents),
+                            "--capabilities", str(capabilities)], env=env, cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=log, text=True)
+    dispatcher = None
+    r: Any = redis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        assert sim.stdout is not None
+        assert json.loads(sim.stdout.readline())["ready"] == agents
+        memory_before = int(r.info("memory")["used_memory"])
+        with ReachClient(settings) as client:
+            handles = []
+            per_capability = tasks // capabilities
+            for c in range(capabilities):
+                handles += client.submit_many(capability_of(c, capabilities),
+                                              [{"i": i} for i in range(per_capability)])
+            queued_bytes = int(r.info("memory")["used_memory"]) - memory_before
+            rev_before = int(r.get(RegistryKeys(settings.prefix).rev) or 0)
+            dispatcher = subprocess.Popen([sys.executable, "-m", "reach_cli", "dispatcher",
+                                           "--log-level", "WARNING"], env=env, cwd=ROOT,
+                                          stderr=subprocess.DEVNULL)
+            cpu_before = _cpu_s(dispatcher.pid)
+            started = time.monotonic()
+            for h in handles:
+                h.result(timeout=600)
+            elapsed = time.monotonic() - started
+            cpu = _cpu_s(dispatcher.pid) - cpu_before
+            rev_growth = int(r.get(RegistryKeys(settings.prefix).rev) or 0) - rev_before
+            times = sorted(
+                int(r.hget(CapabilityKeys(settings.prefix, h.capability).task(h.task_id.split(":")[1]),
+                           "dispatched_at") or 0) for h in handles)
+        tenth = len(times) // 10
+        windows = [(tenth - 1) / max(0.001, (times[(k + 1) * tenth - 1] - times[k * tenth]) / 1000)
+                   for k in range(10)]
+        return {"agents": agents, "capabilities": capabilities, "tasks": len(handles),
+                "seconds": round(elapsed, 2), "tasks_per_s": round(len(handles) / elapsed),
+                "dispatch_rate_windows": [round(w) for w in windows],
+                "redis_bytes_per_queued_task": round(queued_bytes / len(handles)),
+                "dispatcher_cpu_us_per_task": round(cpu * 1e6 / len(handles)),
+                "registry_revisions_during_drain": rev_growth, "elapsed_s": round(elapsed, 1)}
+    finally:
+        if dispatcher is not None:
+            dispatcher.kill()
+            dispatcher.wait(10)
+        sim.terminate()
+        sim.wait(10)
+        r.close()
+        log.close()
+
+
+def _cpu_s(pid: int) -> float:
+    import os
+
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _check(figures: dict[str, Any]) -> None:
+    print("\nfleet figures:", json.dumps(figures))
+    windows = figures["dispatch_rate_windows"]
+    early, late = sum(windows[:3]) / 3, sum(windows[-3:]) / 3
+    assert late >= 0.6 * early, f"dispatch slowed down as the run went on: {windows}"
+    # Heartbeats renew liveness without touching the record: revisions move only on real change.
+    assert figures["registry_revisions_during_drain"] <= 3 * figures["agents"], figures
+
+
+def test_a_fleet_of_simulated_agents_smoke(make_settings: Any, tmp_path: Any, redis_url: str) -> None:
+    if "cluster" in redis_url:
+        pytest.skip("one XREADGROUP over every inbox needs one node")
+    settings = make_settings(heartbeat_ms=1000, suspect_after_ms=15000, offline_after_ms=30000)
+    _check(_fleet_run(settings, tmp_path, agents=100, capabilities=10, tasks=4000))
+
+
+@pytest.mark.soak
+def test_a_thousand_agents_fifty_capabilities_a_hundred_thousand_tasks(
+    make_settings: Any, tmp_path: Any
+) -> None:
+    settings = make_settings(heartbeat_ms=5000, suspect_after_ms=15000, offline_after_ms=30000,
+                             max_queue_depth=1_000_000)
+    _check(_fleet_run(settings, tmp_path, agents=1000, capabilities=50, tasks=100_000))
