@@ -25,15 +25,19 @@ import os
 import random
 import time
 from collections.abc import Awaitable, Callable, Collection
+from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
 from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 from tenacity import (
     AsyncRetrying,
     Retrying,
@@ -86,9 +90,55 @@ def resolve_url(settings: Settings) -> tuple[str, bool]:
         if url.startswith(scheme):
             url = url.replace("+cluster", "", 1)
             cluster = True
+    if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        parse_sentinel_url(url)  # (checked here, used by the client factories)
+        return url, False
     if not url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss:// or unix://")
+        raise ConfigError(f"unsupported Redis URL {redact_url(url)!r}: use redis://, rediss://, "
+                          "unix://, redis+cluster:// or redis+sentinel://")
     return url, cluster
+
+
+@dataclass(frozen=True)
+class SentinelTarget:
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+    username: str | None
+    password: str | None
+    ssl: bool
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """`redis+sentinel://[user:password@]host:port[,host:port...]/service[/db]` (the password is
+    the data nodes'; sentinels are asked without one unless REACH_SENTINEL_PASSWORD is set)."""
+    parts = urlsplit(url)
+    netloc = parts.netloc.rsplit("@", 1)[-1]
+    path = [p for p in parts.path.split("/") if p]
+    try:
+        sentinels = [(h.rsplit(":", 1)[0], int(h.rsplit(":", 1)[1]) if ":" in h else 26379)
+                     for h in netloc.split(",") if h]
+        db = int(path[1]) if len(path) > 1 else 0
+    except ValueError:
+        sentinels, db = [], 0
+    if not sentinels or not path:
+        raise ConfigError(f"invalid Sentinel URL {redact_url(url)!r}: use "
+                          "redis+sentinel://host:26379[,host:26379]/service_name[/db]")
+    return SentinelTarget(sentinels, path[0], db, unquote(parts.username) if parts.username else None,
+                          unquote(parts.password) if parts.password else None,
+                          url.startswith("rediss+"))
+
+
+def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout: float | None) -> Any:
+    sentinel_auth = {"password": os.environ["REACH_SENTINEL_PASSWORD"]} \
+        if os.environ.get("REACH_SENTINEL_PASSWORD") else {}
+    options = {k: v for k, v in _COMMON.items() if k != "health_check_interval"}
+    sentinel_cls = AsyncSentinel if asynchronous else Sentinel
+    sentinel = sentinel_cls(target.sentinels, socket_timeout=socket_timeout,
+                            socket_connect_timeout=3, sentinel_kwargs=sentinel_auth)
+    return sentinel.master_for(target.service, db=target.db, username=target.username,
+                               password=target.password, ssl=target.ssl,
+                               socket_timeout=socket_timeout, **options)
 
 
 
@@ -194,8 +244,10 @@ class _AsyncCluster(AsyncRedisCluster):
 
 def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncClient:
     """A client for short commands. On Cluster it connects at once (to learn the slot map):
-    BrokerUnavailable if no node answers."""
+    BrokerUnavailable if no node answers. With Sentinel it follows the current master."""
     url, cluster = resolve_url(settings)
+    if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        return _sentinel_master(parse_sentinel_url(url), False, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         try:
             return _SyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
@@ -211,6 +263,8 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
 def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncClient:
     """An asyncio client; on Cluster it learns the slot map at its first command."""
     url, cluster = resolve_url(settings)
+    if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
+        return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         return _AsyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
     return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON)
@@ -274,15 +328,6 @@ def pubsub_node_name(pubsub: Any) -> str | None:
     """The "host:port" a cluster pubsub is bound to (None without a cluster)."""
     node = getattr(pubsub, "node", None)
     return str(node.name) if node is not None else None
-
-
-def pubsub_node_client(settings: Settings) -> redis.asyncio.Redis:
-    """A plain connection to the URL's node, for pub/sub (on Cluster, PUBLISH reaches every node).
-
-    Bound to that one address for good: prefer `open_pubsub(client)`, which moves to another
-    node when this one is lost."""
-    url, _ = resolve_url(settings)
-    return redis.asyncio.Redis.from_url(url, socket_timeout=None, **_COMMON)
 
 
 WAIT_OUTAGE_S = 15.0

@@ -118,7 +118,7 @@ def sync_redis(url: str, **options: Any) -> Any:
     """A decoding client for a test's own reads: a cluster client for a cluster URL."""
     from broker import connection
 
-    if url.startswith(("redis+cluster://", "rediss+cluster://")):
+    if "+cluster://" in url or "+sentinel://" in url:
         return connection.sync_client(Settings.load(redis_url=url))
     return redis.Redis.from_url(url, decode_responses=True, **options)
 
