@@ -33,7 +33,7 @@ class LocalSentinel:
         self.client = client
 
     def master_port(self) -> int:
-        host, port = self.client.sentinel_get_master_addr_by_name("reachmaster")
+        _host, port = self.client.sentinel_get_master_addr_by_name("reachmaster")
         return int(port)
 
     def stop(self) -> None:
