@@ -390,6 +390,10 @@ def _log_retry(state: Any) -> None:
 
 async def with_reconnect(op: Callable[[], Awaitable[T]]) -> T:
     """Run `op` until it succeeds, backing off while Redis is away."""
+    try:  # the common case, without building a retry state machine for every call
+        return await op()
+    except TRANSIENT_ERRORS as exc:
+        log.warning("Redis unavailable (%s); retrying", exc)
     async for attempt in async_retrying():
         with attempt:
             return await op()

@@ -47,6 +47,7 @@ class CapabilityLoop:
         self.capability = capability
         self.keys = CapabilityKeys(dispatcher.settings.prefix, capability)
         self.loads: dict[str, routing.InboxLoad] = {}
+        self.speed: dict[str, float] = {}
         self._wake = asyncio.Event()
         self._next_delayed_ms: float | None = None
         self._next_deadline_ms: float | None = None
@@ -72,6 +73,15 @@ class CapabilityLoop:
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
         self.loads[agent_id] = routing.InboxLoad(outstanding, running)
+
+    def note_speed(self, agent_id: str, finished: int, exec_ms: float) -> None:
+        """Mean execution time of an agent's latest completions (a moving average), so the
+        refill allowance follows its speed now rather than at its last heartbeat."""
+        if finished <= 0:
+            return
+        mean = exec_ms / finished
+        before = self.speed.get(agent_id)
+        self.speed[agent_id] = mean if before is None else 0.8 * before + 0.2 * mean
 
     async def run(self) -> None:
         backoff = 0.1
@@ -242,6 +252,7 @@ class CapabilityLoop:
                 version=record.descriptor.version,
                 recovered_at_ms=record.recovered_at_ms,
                 health=self.health.setdefault(record.agent_id, routing.AgentHealth()),
+                recent_exec_ms=self.speed.get(record.agent_id),
             ))
         return out, filtered
 

@@ -4,10 +4,11 @@ Filter (agent level, once per routing round): healthy only; circuit not open (ci
 consecutive failures open it for circuit_open_ms, then one probe task is let through: success
 closes it, failure opens it again); not ejected (slow_tasks_to_eject consecutive tasks over the
 latency ceiling, for eject_ms, then a probe); running/max_concurrency below the watermark; room
-in the inbox (see `room`). Task level: region (strict; or preferred: an agent of the region
-while one is alive, busy or not, else any), version constraint, cold start (an agent that
-recovered less than cold_start_ms ago gets only tasks of priority <= cold_start_max_priority,
-unless no warm agent can take the task).
+in the inbox (see `room`; above the watermark an agent that finishes tasks within the refill
+window still gets that much, see `at_watermark`). Task level: region (strict; or preferred: an
+agent of the region while one is alive, busy or not, else any), version constraint, cold start
+(an agent that recovered less than cold_start_ms ago gets only tasks of priority <=
+cold_start_max_priority, unless no warm agent can take the task).
 
 Score, in points: 100 x (0.35 free capacity + 0.30 affinity + 0.20 latency + 0.15 stability),
 minus 30 while the agent runs slower than 3 x its own baseline; never below 1 so that every
@@ -18,9 +19,11 @@ to the session's agent while it passes the filters; otherwise it is rebalanced a
 moves (the dispatch script records the new agent). A retry avoids the agent that failed it when
 another one can take it.
 
-An agent's room: how many more tasks it may be given now. None while running/max_concurrency
-is at or above the watermark; never more unread entries than backlog_factor x max_concurrency
-(the dispatch script enforces this atomically too); within that, free slots plus a prefetch
+An agent's room: how many more tasks it may be given now. While running/max_concurrency is at
+or above the watermark, only its refill allowance (what it finishes while the dispatcher refills
+its inbox: nothing for a slow agent or one of unknown speed), topped up once half of it is used;
+never more unread entries than backlog_factor x max_concurrency (the dispatch script enforces
+this atomically too); within that, free slots plus a prefetch
 sized to the agent's speed (about what it finishes while the dispatcher refills, Little's law):
 fast agents get a deep buffer, slow ones little more than their free slots, so queued work stays
 in the priority queue where any agent can take it.
@@ -89,6 +92,8 @@ class Candidate:
     version: str | None = None
     recovered_at_ms: int = 0
     health: AgentHealth = field(default_factory=AgentHealth)
+    recent_exec_ms: float | None = None
+    """Mean execution time of its latest completions, from the dispatcher's wake-up messages."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,21 +122,53 @@ def max_unread(candidate: Candidate, settings: Settings) -> int:
     return settings.backlog_factor * candidate.max_concurrency
 
 
+def task_ms(candidate: Candidate) -> float | None:
+    """How long the agent takes per task now: its most recent completions when the dispatcher
+    saw some (fresher than the heartbeat's p50), else the heartbeat's p50."""
+    if candidate.recent_exec_ms is not None:
+        return candidate.recent_exec_ms
+    return candidate.latency_p50_ms
+
+
+def refill_allowance(candidate: Candidate, settings: Settings) -> int:
+    """Unread tasks the agent finishes while the dispatcher refills its inbox (Little's law:
+    concurrency x refill window / time per task); 0 for an agent of unknown speed."""
+    ms = task_ms(candidate)
+    if ms is None:
+        return 0
+    return min(max_unread(candidate, settings),
+               math.floor(candidate.max_concurrency * REFILL_WINDOW_MS / max(ms, 0.01)))
+
+
 def prefetch(candidate: Candidate, settings: Settings) -> int:
-    cap = max_unread(candidate, settings)
-    p50 = candidate.latency_p50_ms
-    if p50 is None:
-        return 1
-    return max(1, min(cap, math.ceil(candidate.max_concurrency * REFILL_WINDOW_MS / max(p50, 0.01))))
+    return max(1, refill_allowance(candidate, settings))
+
+
+def at_watermark(candidate: Candidate, settings: Settings) -> bool:
+    """Running at or above the watermark, and holding at least what it finishes during a refill.
+
+    The watermark keeps work away from a busy agent so that it waits in the priority queue,
+    where any agent can take it. An agent that finishes tasks in a fraction of the refill window
+    is not kept waiting for that: it still gets its refill allowance (for a slow agent that is
+    zero, so a task never sits behind a long one), which keeps fast agents from idling between
+    two dispatcher rounds."""
+    load = candidate.load
+    return (load.running / candidate.max_concurrency >= settings.watermark
+            and load.unread >= refill_allowance(candidate, settings))
 
 
 def room(candidate: Candidate, settings: Settings) -> int:
     """How many more tasks this agent may be given now (0: skip it)."""
     conc = candidate.max_concurrency
     load = candidate.load
-    if load.running / conc >= settings.watermark:
-        return 0
     by_backlog = max_unread(candidate, settings) - load.unread
+    if load.running / conc >= settings.watermark:
+        allowance = refill_allowance(candidate, settings)
+        # Top the buffer up once half of it is used, not after every completion: a fast agent
+        # gets a few big batches instead of a stream of one-task rounds.
+        if load.unread > allowance // 2:
+            return 0
+        return max(0, min(by_backlog, allowance - load.unread))
     by_speed = conc - load.running + prefetch(candidate, settings) - load.unread
     return max(0, min(by_backlog, by_speed))
 
@@ -154,7 +191,7 @@ def gate(candidate: Candidate, settings: Settings, now_ms: int,
         if probe_out >= since and now_ms - probe_out < settings.lease_ms + hold:
             return f"{kind}:probe_out", False
         return None, True
-    if candidate.load.running / candidate.max_concurrency >= settings.watermark:
+    if at_watermark(candidate, settings):
         return "watermark", False
     if candidate.load.unread >= max_unread(candidate, settings):
         return "backlog_full", False

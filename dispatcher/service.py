@@ -4,7 +4,9 @@ Several dispatchers may run at once with no leader: every hand-off is one atomic
 task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wake` channel:
 
     task <cap>                          new or due tasks were queued
-    free <cap> <agent> <len> <pending>  an agent finished tasks (its exact inbox load after)
+    free <cap> <agent> <len> <pending> <failures> <n> <exec ms>
+                                        an agent finished n tasks in exec ms in all (its exact
+                                        inbox load after, its consecutive failures)
     agent <agent>                       the registry changed
 
 Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is
@@ -177,6 +179,8 @@ class Dispatcher:
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
                     if len(parts) >= 6:
                         loop.note_failures(parts[2], int(parts[5]))
+                    if len(parts) >= 8:
+                        loop.note_speed(parts[2], int(parts[6]), float(parts[7]))
                 loop.kick()
         elif kind == "agent":
             self._registry_dirty.set()

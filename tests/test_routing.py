@@ -184,7 +184,9 @@ def test_backpressure_reroutes_when_an_inbox_reaches_five_times_concurrency(
             wait_until(lambda: sum(client.status(h.task_id).state == "succeeded" for h in handles) >= 280,
                        timeout=60, message="the other agent drains the rest")
             unread = r.xlen(ck.inbox("frozen")) - int(r.xpending(ck.inbox("frozen"), "agents")["pending"])
-            assert unread == 5 * 4, "the frozen agent's inbox fills to its backlog limit, no further"
+            # Its inbox took a deep buffer (it was fast), topped up while half of it was
+            # left, and never more than its backlog limit; the rest went to the other agent.
+            assert 5 * 4 // 2 <= unread <= 5 * 4, unread
             assert int(r.hget(ck.stats, "reroutes") or 0) > 0
         finally:
             frozen.signal(signal.SIGCONT)

@@ -18,7 +18,7 @@ from broker import Settings, codec
 from broker.ids import new_task_id, split_task_id
 from broker.models import Outcome
 from broker.registry import AgentRecord, AgentState, agent_state
-from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, room
+from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, refill_allowance, room
 
 
 def test_public_exports_match_all() -> None:
@@ -157,6 +157,27 @@ def test_room_respects_watermark_backlog_and_speed() -> None:
     assert room(cand(0, 0, p50=0.01), s) == 40  # a fast agent gets a deep buffer, capped at 5x
     assert room(cand(0, 40, p50=0.01), s) == 0  # backlog limit reached
     assert room(cand(0, 0, p50=10_000), s) == 9  # slow: free slots plus one
+
+
+def test_a_fast_agent_at_the_watermark_still_gets_its_refill_allowance() -> None:
+    s = Settings.load(redis_url="redis://x")
+
+    def cand(running: int, outstanding: int, p50: float | None = None,
+             recent: float | None = None) -> Candidate:
+        return Candidate("a", 8, InboxLoad(outstanding, running), p50, recent_exec_ms=recent)
+
+    # 8 x 20 ms refill window / 2 ms per task = 80 tasks, capped at the 5 x 8 backlog limit.
+    assert refill_allowance(cand(8, 8, p50=2.0), s) == 40
+    assert room(cand(8, 8, p50=2.0), s) == 40
+    assert room(cand(8, 29, p50=2.0), s) == 0  # 21 unread: more than half the buffer, wait
+    assert room(cand(8, 28, p50=2.0), s) == 20  # half used: top it up
+    # The dispatcher's own view of recent completions beats a stale heartbeat p50.
+    assert room(cand(8, 8, p50=2.0, recent=400.0), s) == 0
+    assert room(cand(8, 8, p50=400.0, recent=2.0), s) == 40
+    # A slow agent, or one of unknown speed, at the watermark gets nothing: no task waits
+    # behind a long one while another agent could take it.
+    assert room(cand(8, 8, p50=1000.0), s) == 0
+    assert room(cand(7, 7), s) == 0
 
 
 def test_assign_skips_full_agents_and_stops_when_everyone_is_full() -> None:

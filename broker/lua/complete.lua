@@ -21,6 +21,7 @@ local n = (#KEYS - 6) / 3
 local health, ceiling = KEYS[6], tonumber(ARGV[7])
 local now = now_ms()
 local statuses = {}
+local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their execution time
 
 for i = 0, n - 1 do
   local task_key, events_key, done_key = KEYS[7 + 3 * i], KEYS[8 + 3 * i], KEYS[9 + 3 * i]
@@ -77,6 +78,10 @@ for i = 0, n - 1 do
     redis.call('HINCRBY', health, 'cf:' .. agent, 1)
     redis.call('HSET', health, 'lf:' .. agent, jint(now))
   end
+  if status == 'ok' or status == 'failed' or status == 'retry' then
+    timed = timed + 1
+    timed_ms = timed_ms + (tonumber(exec_ms) or 0)
+  end
   if ceiling > 0 and (status == 'ok' or status == 'failed' or status == 'retry') then
     if tonumber(exec_ms) > ceiling then
       redis.call('HINCRBY', health, 'cs:' .. agent, 1)
@@ -91,7 +96,8 @@ end
 local len, pending = inbox_load(inbox)
 local cf = redis.call('HGET', health, 'cf:' .. agent) or '0'
 redis.call('PUBLISH', ARGV[4] .. 'wake',
-  'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf)
+  'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf .. ' ' ..
+  timed .. ' ' .. jint(timed_ms))
 local out = {len, pending}
 for _, s in ipairs(statuses) do out[#out + 1] = s end
 return out
