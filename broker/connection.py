@@ -48,6 +48,11 @@ from tenacity import (
 )
 
 from broker.errors import BrokerUnavailable, ConfigError
+
+try:
+    import hiredis
+except ImportError:  # (a dependency through redis[hiredis]; without it, redis-py's own packer)
+    hiredis = None  # type: ignore[assignment]
 from broker.settings import Settings, redact_url
 
 log = logging.getLogger("reach.connection")
@@ -78,6 +83,44 @@ _COMMON: dict[str, Any] = {
     "socket_keepalive": True,
     "health_check_interval": 15,
 }
+
+
+class _HiredisPacking:
+    """Packs commands with hiredis (C) rather than redis-py's pure-Python asyncio packer: the
+    same bytes for a fraction of the CPU (a dispatcher packs one HMGET per ready task). Anything
+    hiredis refuses (a lone surrogate that must round-trip, a wrong type) goes the usual way,
+    with the usual errors."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        head = args[0]
+        if isinstance(head, str):
+            parts: tuple[Any, ...] = (*head.encode().split(), *args[1:])
+        elif b" " in head:
+            parts = (*head.split(), *args[1:])
+        else:
+            parts = args
+        try:
+            return [hiredis.pack_command(parts)]
+        except (TypeError, UnicodeEncodeError):
+            return super().pack_command(*args)  # type: ignore[misc, no-any-return]
+
+
+class _FastConnection(_HiredisPacking, redis.asyncio.Connection):
+    pass
+
+
+class _FastSSLConnection(_HiredisPacking, redis.asyncio.SSLConnection):
+    pass
+
+
+def _fast_connection_class(url: str) -> dict[str, Any]:
+    if hiredis is None:
+        return {}
+    if url.startswith("redis://"):
+        return {"connection_class": _FastConnection}
+    if url.startswith("rediss://"):
+        return {"connection_class": _FastSSLConnection}
+    return {}
 
 
 def resolve_url(settings: Settings) -> tuple[str, bool]:
@@ -267,7 +310,8 @@ def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> As
         return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         return _AsyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
-    return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON)
+    return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON,
+                                        **_fast_connection_class(url))
 
 
 def is_cluster(client: Any) -> bool:

@@ -190,7 +190,8 @@ def dispatch_call(
 ) -> ScriptCall:
     """Hand tasks, given as local ids or (local id, explanation JSON), to one agent's inbox."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq, ck.tokens]
+    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq, ck.tokens,
+            ck.stats]
     args: list[str | int | float] = [
         agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
     ]

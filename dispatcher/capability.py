@@ -39,6 +39,7 @@ SWEEP_BATCH = 200
 INTAKE_CLAIM_IDLE_MS = 60_000
 ROUTING_FIELDS = ("priority", "session_id", "region", "routing", "last_agent_id", "state")
 EXPLAIN_TTL_MS = 15 * 60 * 1000
+HOUSEKEEPING_S = 0.05
 
 
 class CapabilityLoop:
@@ -52,6 +53,7 @@ class CapabilityLoop:
         self._next_delayed_ms: float | None = None
         self._next_deadline_ms: float | None = None
         self._next_sweep = 0.0
+        self._next_housekeeping = 0.0
         self._next_intake_claim = 0.0
         self._intake_group_ready = False
         self._intake_pending_checked = False
@@ -69,6 +71,7 @@ class CapabilityLoop:
     def kick(self, new_tasks: bool = False) -> None:
         if new_tasks:
             self._next_deadline_ms = None  # a new task may carry an earlier deadline
+            self._next_housekeeping = 0.0
         self._wake.set()
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
@@ -111,13 +114,27 @@ class CapabilityLoop:
     def _idle_timeout(self) -> float:
         timeout = self.d.settings.idle_tick_ms / 1000
         now = self.d.view.now_ms()
+        not_before = self._next_housekeeping - time.monotonic()  # (due work waits for it)
         for due in (self._next_delayed_ms, self._next_deadline_ms):
             if due is not None:
-                timeout = min(timeout, (due - now) / 1000)
+                timeout = min(timeout, max((due - now) / 1000, not_before))
         timeout = min(timeout, self._next_sweep - time.monotonic())
         return max(0.001, timeout)
 
     async def step(self) -> bool:
+        moved = 0
+        if time.monotonic() >= self._next_housekeeping:
+            moved += await self._housekeeping()
+        if time.monotonic() >= self._next_sweep:
+            moved += await self._reclaim_lapsed()
+        moved += await self._route()
+        return moved > 0
+
+    async def _housekeeping(self) -> int:
+        """Raw intake, due retries, due deadlines. While tasks flow this runs at most every
+        HOUSEKEEPING_S (a retry or deadline is late by that much at worst) so that routing
+        rounds, which follow every completion, do not each pay for it."""
+        self._next_housekeeping = time.monotonic() + HOUSEKEEPING_S
         now = self.d.view.now_ms()
         moved = 0
         pipe = self.d.redis.pipeline(transaction=False)
@@ -142,10 +159,7 @@ class CapabilityLoop:
             deadline_head = await self.d.redis.zrange(self.keys.deadlines, 0, 0, withscores=True)
         self._next_delayed_ms = float(delayed_head[0][1]) if delayed_head else None
         self._next_deadline_ms = float(deadline_head[0][1]) if deadline_head else None
-        if time.monotonic() >= self._next_sweep:
-            moved += await self._reclaim_lapsed()
-        moved += await self._route()
-        return moved > 0
+        return moved
 
     # -- intake -----------------------------------------------------------------------------
 
@@ -317,12 +331,17 @@ class CapabilityLoop:
             return 0
         snapshot_id = await self._snapshot(round_)
         plan: dict[str, list[tuple[str, str]]] = {}
+        # The same JSON as codec.dumps({"round", "why", "score", "eligible", "at"}), formatted
+        # by hand: this runs for every task and a generic encoder costs more than the rest.
+        round_json = codec.dumps(snapshot_id)
+        why_json: dict[str, str] = {}
         for task in tasks:
             choice = round_.choose(task)
             if choice is None:
                 continue
-            why = codec.dumps({"round": snapshot_id, "why": choice.why, "score": choice.score,
-                               "eligible": choice.eligible, "at": now})
+            reason = why_json.get(choice.why) or why_json.setdefault(choice.why, codec.dumps(choice.why))
+            why = (f'{{"round":{round_json},"why":{reason},'
+                   f'"score":{float(choice.score)!r},"eligible":{int(choice.eligible)},"at":{int(now)}}}')
             plan.setdefault(choice.agent_id, []).append((task.local_id, why))
         by_id = {c.agent_id: c for c in candidates}
         progressed = dispatched = 0
@@ -337,7 +356,7 @@ class CapabilityLoop:
         self.dispatched += dispatched
         if dispatched and round_.reroutes:
             self.reroutes += dispatched  # routed past agents whose inbox was full
-        await self._count(dispatched)
+        await self._count()
         return progressed
 
     async def _snapshot(self, round_: routing.RoutingRound) -> str:
@@ -351,17 +370,13 @@ class CapabilityLoop:
                                px=EXPLAIN_TTL_MS)
         return self._snapshot_id
 
-    async def _count(self, dispatched: int) -> None:
-        if not dispatched and not self.reroutes:
+    async def _count(self) -> None:
+        """Add this round's reroutes to the capability's stats (dispatch.lua counts dispatches)."""
+        if not self.reroutes:
             return
-        pipe = self.d.redis.pipeline(transaction=False)
-        if dispatched:
-            pipe.hincrby(self.keys.stats, "dispatched", dispatched)
-        if self.reroutes:
-            pipe.hincrby(self.keys.stats, "reroutes", self.reroutes)
-            self.total_reroutes += self.reroutes
-            self.reroutes = 0
-        await pipe.execute()
+        await self.d.redis.hincrby(self.keys.stats, "reroutes", self.reroutes)
+        self.total_reroutes += self.reroutes
+        self.reroutes = 0
 
 
 def _number(value: object) -> float | None:

@@ -230,11 +230,14 @@ class WeightedPool:
         self.n = len(weights)
         self.weights = [0.0] * self.n
         self.tree = [0.0] * (self.n + 1)
+        self.positive = 0
+        """How many weights are above zero (the agents a choice was made among)."""
         for i, w in enumerate(weights):
             self.set(i, w)
 
     def set(self, i: int, weight: float) -> None:
         delta = weight - self.weights[i]
+        self.positive += (weight > 0) - (self.weights[i] > 0)
         self.weights[i] = weight
         j = i + 1
         while j <= self.n:
@@ -332,7 +335,7 @@ class RoutingRound:
             return None
         if task.last_agent_id and self.agents[picked].agent_id == task.last_agent_id:
             picked = self._avoid(pool, picked)
-        return self._take(picked, why, sum(1 for w in pool.weights if w > 0))
+        return self._take(picked, why, pool.positive)
 
     def _choose_constrained(self, task: ReadyTask, low_priority: bool) -> Choice | None:
         fits = [i for i in range(len(self.agents)) if self.rooms[i] > 0 and self._fits(i, task)]

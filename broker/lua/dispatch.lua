@@ -1,7 +1,8 @@
 -- dispatch: hand ready tasks to one agent's inbox, atomically, never past its backlog limit.
 -- KEYS[1] queue zset   KEYS[2] the agent's inbox stream   KEYS[3] inboxes set   KEYS[4] sessions hash
 -- KEYS[5] capability event feed   KEYS[6] dead-letter stream   KEYS[7] agent tokens hash
--- then for task i (0-based): KEYS[8+3i] task hash, KEYS[9+3i] task events, KEYS[10+3i] task done list
+-- KEYS[8] capability stats hash (counts what was dispatched)
+-- then for task i (0-based): KEYS[9+3i] task hash, KEYS[10+3i] task events, KEYS[11+3i] task done list
 -- ARGV[1] agent id   ARGV[2] most unread entries the inbox may hold   ARGV[3] feed maxlen
 -- ARGV[4] channel prefix   ARGV[5] result ttl ms
 -- then for task i: ARGV[6+2i] its local id, ARGV[7+2i] why this agent (JSON, kept in the record
@@ -13,7 +14,7 @@
 -- Returns {inbox length, inbox pending, dispatched, taken, expired, left}.
 local c = {feed = KEYS[5], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
 local inbox, agent, max_unread = KEYS[2], ARGV[1], tonumber(ARGV[2])
-local n = (#KEYS - 7) / 3
+local n = (#KEYS - 8) / 3
 
 if redis.call('HEXISTS', KEYS[7], agent) == 0 or redis.call('HEXISTS', KEYS[7], 'draining:' .. agent) == 1 then
   return {0, 0, 0, 0, 0, n}
@@ -26,7 +27,7 @@ local len, pending = inbox_load(inbox)
 local now = now_ms()
 local dispatched, taken, expired, left = 0, 0, 0, 0
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[8 + 3 * i], KEYS[9 + 3 * i], KEYS[10 + 3 * i]
+  local task_key, events_key, done_key = KEYS[9 + 3 * i], KEYS[10 + 3 * i], KEYS[11 + 3 * i]
   local local_id, why = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
   if len - pending >= max_unread then
     left = n - i
@@ -55,4 +56,5 @@ for i = 0, n - 1 do
     end
   end
 end
+if dispatched > 0 then redis.call('HINCRBY', KEYS[8], 'dispatched', dispatched) end
 return {len, pending, dispatched, taken, expired, left}
