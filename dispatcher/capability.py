@@ -122,12 +122,13 @@ class CapabilityLoop:
         return max(0.001, timeout)
 
     async def step(self) -> bool:
-        moved = 0
+        # Routing first: a task that just arrived is on its way before the housekeeping round
+        # trip (what housekeeping makes ready is routed at the next step, which follows at once).
+        moved = await self._route()
         if time.monotonic() >= self._next_housekeeping:
             moved += await self._housekeeping()
         if time.monotonic() >= self._next_sweep:
             moved += await self._reclaim_lapsed()
-        moved += await self._route()
         return moved > 0
 
     async def _housekeeping(self) -> int:
