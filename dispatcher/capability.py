@@ -49,6 +49,7 @@ class CapabilityLoop:
         self.keys = CapabilityKeys(dispatcher.settings.prefix, capability)
         self.loads: dict[str, routing.InboxLoad] = {}
         self.speed: dict[str, float] = {}
+        self._cluster = connection.is_cluster(dispatcher.redis)
         self._wake = asyncio.Event()
         self._next_delayed_ms: float | None = None
         self._next_deadline_ms: float | None = None
@@ -346,10 +347,11 @@ class CapabilityLoop:
             plan.setdefault(choice.agent_id, []).append((task.local_id, why))
         by_id = {c.agent_id: c for c in candidates}
         progressed = dispatched = 0
-        for agent_id, items in plan.items():
-            call = protocol.dispatch_call(settings, self.capability, agent_id,
-                                          routing.max_unread(by_id[agent_id], settings), items)
-            result = protocol.parse_dispatch(await self.d.scripts(call))
+        calls = [protocol.dispatch_call(settings, self.capability, agent_id,
+                                        routing.max_unread(by_id[agent_id], settings), items)
+                 for agent_id, items in plan.items()]
+        for agent_id, reply in zip(plan, await self._run_all(calls), strict=True):
+            result = protocol.parse_dispatch(reply)
             self.note_load(agent_id, result.inbox_len, result.inbox_pending)
             dispatched += result.dispatched
             progressed += result.dispatched + result.expired + result.taken
@@ -359,6 +361,26 @@ class CapabilityLoop:
             self.reroutes += dispatched  # routed past agents whose inbox was full
         await self._count()
         return progressed
+
+    async def _run_all(self, calls: list[protocol.ScriptCall]) -> list[Any]:
+        """Run the round's dispatch calls in one round trip (with many agents a round hands one
+        or two tasks to each of hundreds of inboxes). Each call is atomic on its own; a call
+        whose script Redis did not have yet is run again alone, which loads it. (Cluster
+        pipelines refuse EVALSHA: there the calls go one by one.)"""
+        if len(calls) == 1 or self._cluster:
+            return [await self.d.scripts(call) for call in calls]
+        pipe = self.d.redis.pipeline(transaction=False)
+        for call in calls:
+            await self.d.scripts(call, client=pipe)
+        replies = await pipe.execute(raise_on_error=False)
+        out = []
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = await self.d.scripts(call)
+            elif isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out
 
     async def _snapshot(self, round_: routing.RoutingRound) -> str:
         """Store what the round saw for `reach explain`, at most once a second."""
