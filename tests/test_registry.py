@@ -337,9 +337,10 @@ def test_sigterm_drains_in_flight_tasks_hands_back_unread_ones_at_once_and_dereg
     busy = [client.submit("drain", {"s": 4, "n": f"busy{i}"}, priority=9) for i in range(2)]
     unread = client.submit("drain", {"s": 0.1, "n": "unread"}, priority=1)
     fleet.dispatcher()
-    wait_until(lambda: inbox_load(r, prefix, "drain", a.agent_id or "") == (3, 2),
+    # (Read and accepted are two steps: wait for both.)
+    wait_until(lambda: inbox_load(r, prefix, "drain", a.agent_id or "") == (3, 2)
+               and [h.status().state for h in busy] == ["running", "running"],
                message="two running and one unread task in the agent's inbox")
-    assert [h.status().state for h in busy] == ["running", "running"]
     b = fleet.worker("drain", handler="tests.handlers:sleepy", concurrency=2)
     term_at = now_ms(r)
     a.signal(signal.SIGTERM)
