@@ -325,7 +325,9 @@ class CapabilityLoop:
             return 0
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
-        want = min(round_.capacity, settings.dispatch_batch)
+        # Setting a round up costs time per agent; with many agents, take at least one task per
+        # eligible agent so that cost is spread over as many decisions.
+        want = min(round_.capacity, max(settings.dispatch_batch, len(round_.agents)))
         if want <= 0:
             return 0
         tasks = await self._ready_tasks(want)
