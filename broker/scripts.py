@@ -52,3 +52,9 @@ class AsyncScripts:
 
     async def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         return await self._scripts[call.name](keys=call.keys, args=call.args, client=client)
+
+    def queue(self, call: ScriptCall, pipe: Any) -> None:
+        """Queue the call on a pipeline as a bare EVALSHA: its reply is a NoScriptError if Redis
+        lacks the script (then run the call alone, which loads it). redis-py's own way would
+        ask Redis whether the scripts exist before every execute, one more round trip."""
+        pipe.evalsha(self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)

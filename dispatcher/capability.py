@@ -373,7 +373,7 @@ class CapabilityLoop:
             return [await self.d.scripts(call) for call in calls]
         pipe = self.d.redis.pipeline(transaction=False)
         for call in calls:
-            await self.d.scripts(call, client=pipe)
+            self.d.scripts.queue(call, pipe)
         replies = await pipe.execute(raise_on_error=False)
         out = []
         for call, reply in zip(calls, replies, strict=True):

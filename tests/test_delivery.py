@@ -32,6 +32,25 @@ def test_thousand_tasks_two_workers_each_runs_exactly_once(
         assert r.xlen(ck.inbox(agent)) == 0, "finished entries are acknowledged and deleted"
 
 
+def test_everything_carries_on_when_redis_lost_its_scripts(
+    request: pytest.FixtureRequest, client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # (A restart without persistence forgets scripts; the dispatcher sends a round's dispatch
+    # calls as bare EVALSHAs in one pipeline and must load what Redis lacks.)
+    if request.node.callspec.params.get("redis_url") != "embedded":
+        pytest.skip("SCRIPT FLUSH only on the test session's own Redis")
+    fleet.dispatcher()
+    for _ in range(3):
+        fleet.worker("noscript", handler="tests.handlers:record", concurrency=4)
+    first = client.submit_many("noscript", [{"n": i} for i in range(300)])
+    assert [h.result(timeout=60) for h in first] == [{"n": i} for i in range(300)]
+    r.script_flush()
+    second = client.submit_many("noscript", [{"n": i} for i in range(300, 600)])
+    assert [h.result(timeout=60) for h in second] == [{"n": i} for i in range(300, 600)]
+    counts = runs(r, prefix)
+    assert len(counts) == 600 and set(counts.values()) == {1}
+
+
 def test_priority_order_with_one_worker_of_concurrency_one(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
