@@ -40,6 +40,18 @@ def runs(client: redis.Redis, prefix: str) -> dict[str, int]:
     return {k: int(v) for k, v in client.hgetall(f"{prefix}:test:runs").items()}
 
 
+def run_order(client: redis.Redis, prefix: str) -> list[str]:
+    return list(client.lrange(f"{prefix}:test:order", 0, -1))
+
+
+async def record_order(ctx: TaskContext, payload: Any) -> Any:
+    """Like `record`, and appends payload["n"] to a list: the order the tasks ran in (start
+    times are whole milliseconds, too coarse to order fast tasks)."""
+    _redis().rpush(f"{os.environ['REACH_PREFIX']}:test:order", str(payload["n"]))
+    count_run(str(payload["n"]))
+    return payload
+
+
 async def record(ctx: TaskContext, payload: Any) -> Any:
     """Counts each execution per payload["n"] and echoes the payload."""
     count_run(str(payload["n"]))

@@ -9,8 +9,8 @@ import redis
 
 from broker import AsyncReachClient, ReachClient, TaskFailed
 from broker.keys import CapabilityKeys
-from tests.conftest import Fleet, wait_until
-from tests.handlers import runs
+from tests.conftest import Fleet, sync_redis, wait_until
+from tests.handlers import run_order, runs
 
 
 def test_thousand_tasks_two_workers_each_runs_exactly_once(
@@ -56,11 +56,11 @@ def test_priority_order_with_one_worker_of_concurrency_one(
 ) -> None:
     priorities = [3, 9, 0, 5, 7, 1, 8, 2, 6, 4, 9, 0]
     handles = [client.submit("prio", {"n": i}, priority=p) for i, p in enumerate(priorities)]
-    fleet.worker("prio", handler="tests.handlers:record", concurrency=1)
+    fleet.worker("prio", handler="tests.handlers:record_order", concurrency=1)
     fleet.dispatcher()
     for h in handles:
         h.result(timeout=30)
-    order = sorted(handles, key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
+    order = [handles[int(n)] for n in run_order(r, prefix)]
     started_priorities = [h.status().priority for h in order]
     assert started_priorities == sorted(priorities, reverse=True)
     # Equal priorities run first-in first-out.
@@ -81,23 +81,22 @@ def test_aging_lets_an_old_low_priority_task_overtake_newer_high_priority_ones(
 
         time.sleep(0.5)
         newer = [client.submit("aging", {"n": f"new{i}"}, priority=9) for i in range(5)]
-        fleet.worker("aging", handler="tests.handlers:record", concurrency=1, settings=settings)
+        fleet.worker("aging", handler="tests.handlers:record_order", concurrency=1, settings=settings)
         fleet.dispatcher(settings=settings)
         for h in [old, *newer]:
             h.result(timeout=30)
-        first = min([old, *newer], key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
-        assert first.task_id == old.task_id
+        assert run_order(sync_redis(settings.redis_url), settings.prefix)[0] == "old"
 
 
-def test_without_aging_high_priority_runs_first(client: ReachClient, fleet: Fleet) -> None:
+def test_without_aging_high_priority_runs_first(client: ReachClient, fleet: Fleet, r: redis.Redis,
+                                                prefix: str) -> None:
     old = client.submit("noaging", {"n": "old"}, priority=0)
     newer = [client.submit("noaging", {"n": f"new{i}"}, priority=9) for i in range(3)]
-    fleet.worker("noaging", handler="tests.handlers:record", concurrency=1)
+    fleet.worker("noaging", handler="tests.handlers:record_order", concurrency=1)
     fleet.dispatcher()
     for h in [old, *newer]:
         h.result(timeout=30)
-    last = max([old, *newer], key=lambda h: h.status().started_at)  # type: ignore[arg-type, return-value]
-    assert last.task_id == old.task_id
+    assert run_order(r, prefix) == ["new0", "new1", "new2", "old"]
 
 
 @pytest.mark.parametrize("handler", ["progress_steps", "progress_steps_sync"])
