@@ -3,13 +3,15 @@
 The capability is part of the id so that `reach status ID` (and `client.get(id)`) find the task's
 keys without being told its capability, and so that every key of a task shares the capability's
 Redis Cluster hash tag. The ULID part (48-bit millisecond time + 80 random bits, Crockford
-base32) sorts by creation time, which breaks priority ties first-in first-out.
+base32) sorts by creation time, which breaks priority ties first-in first-out (strictly, for
+the ids of one process).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import threading
 import time
 
 from broker.errors import InvalidCapability, InvalidTaskId
@@ -28,9 +30,22 @@ def check_capability(name: object) -> str:
     return name
 
 
+_last = 0
+_last_lock = threading.Lock()
+
+
 def new_local_id(now_ms: int | None = None) -> str:
+    """A new ULID. Ids made by one process only ever increase (within a millisecond the random
+    part counts up, as in ULID's monotonic mode): two tasks submitted in the same millisecond
+    with the same priority tie in the queue's score, and their ids keep them first-in first-out."""
+    global _last
     ms = int(time.time() * 1000) if now_ms is None else now_ms
     value = (ms << 80) | int.from_bytes(os.urandom(10), "big")
+    if now_ms is None:
+        with _last_lock:
+            if value <= _last:
+                value = _last + 1
+            _last = value
     chars = []
     for _ in range(26):
         chars.append(_ALPHABET[value & 31])

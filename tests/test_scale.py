@@ -128,10 +128,13 @@ def _check(figures: dict[str, Any]) -> None:
     # Deep queue early, shallow late: neither may be much slower than the other. (The first
     # window still holds the tail of the inbox fill and the last one the end of the run, when
     # only some capabilities have tasks left: both are left out.)
+    # Judged only on a run long enough to reach the steady regime (the soak): the smoke's few
+    # thousand tasks all go into idle inboxes in some milliseconds per window, which is noise.
     windows = figures["dispatch_rate_windows"]
-    early, late = sum(windows[1:4]) / 3, sum(windows[5:9]) / 4
-    assert late >= 0.6 * early, f"dispatch slowed down as the run went on: {windows}"
-    assert early >= 0.6 * late, f"dispatch was slower while the queue was deep: {windows}"
+    if figures["windows_after_fill"]:
+        early, late = sum(windows[1:4]) / 3, sum(windows[5:9]) / 4
+        assert late >= 0.6 * early, f"dispatch slowed down as the run went on: {windows}"
+        assert early >= 0.6 * late, f"dispatch was slower while the queue was deep: {windows}"
     # Heartbeats renew liveness without touching the record: revisions move only on real change.
     assert figures["registry_revisions_during_drain"] <= 3 * figures["agents"], figures
 

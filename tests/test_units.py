@@ -37,8 +37,8 @@ def test_task_ids_carry_their_capability_and_sort_by_time() -> None:
     a = new_task_id("summarize")
     cap, local = split_task_id(a)
     assert cap == "summarize" and len(local) == 26
-    ids = [new_task_id("x") for _ in range(50)]
-    assert len(set(ids)) == 50
+    ids = [new_task_id("x") for _ in range(5000)]  # many within one millisecond
+    assert ids == sorted(ids) and len(set(ids)) == 5000, "strictly increasing: FIFO among ties"
 
 
 def test_codec_round_trip_and_refusals() -> None:
