@@ -93,19 +93,11 @@ class Target:
 
     def delete_matching(self, patterns: Iterable[str]) -> int:
         """UNLINK every key matching one of `patterns` (SCAN, never KEYS or FLUSHDB)."""
-        deleted = 0
-        for pattern in patterns:
-            batch: list[str] = []
-            for key in self.r.scan_iter(match=pattern, count=5000):
-                batch.append(key)
-                if len(batch) >= 2000:
-                    deleted += self.r.unlink(*batch)
-                    batch.clear()
-            if batch:
-                deleted += self.r.unlink(*batch)
-        return deleted
+        return sum(self.delete_keys(self.r.scan_iter(match=pattern, count=5000))
+                   for pattern in patterns)
 
     def delete_keys(self, keys: Iterable[str]) -> int:
+        """UNLINK the keys, 2,000 per call."""
         deleted = 0
         batch: list[str] = []
         for key in keys:
