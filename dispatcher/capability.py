@@ -343,7 +343,9 @@ class CapabilityLoop:
             choice = round_.choose(task)
             if choice is None:
                 continue
-            reason = why_json.get(choice.why) or why_json.setdefault(choice.why, codec.dumps(choice.why))
+            reason = why_json.get(choice.why)
+            if reason is None:
+                reason = why_json[choice.why] = codec.dumps(choice.why)
             why = (f'{{"round":{round_json},"why":{reason},'
                    f'"score":{float(choice.score)!r},"eligible":{int(choice.eligible)},"at":{int(now)}}}')
             plan.setdefault(choice.agent_id, []).append((task.local_id, why))

@@ -8,17 +8,7 @@ import time
 from typing import Any
 
 from agent_worker import TaskContext
-
-_client: Any = None
-
-
-def _redis() -> Any:
-    global _client
-    if _client is None:
-        from broker import Settings, connection
-
-        _client = connection.sync_client(Settings.load())
-    return _client
+from tests.handlers import _redis, count_run
 
 
 def unblocked_key(prefix: str) -> str:
@@ -43,7 +33,7 @@ async def stall(ctx: TaskContext, payload: Any) -> Any:
 
 async def slow_first_attempt(ctx: TaskContext, payload: Any) -> Any:
     """Counts the run; the first attempt sleeps payload["s"] seconds, later ones return at once."""
-    _redis().hincrby(f"{os.environ['REACH_PREFIX']}:test:runs", str(payload["n"]), 1)
+    count_run(str(payload["n"]))
     if ctx.attempt == 1:
         await asyncio.sleep(float(payload.get("s", 30)))
     return {"attempt": ctx.attempt}
