@@ -45,13 +45,14 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
     except ValueError as exc:  # not JSON, or not what the handler's payload model accepts
         return end(Outcome.INVALID_REQUEST, f"invalid payload: {describe(exc)}")
     try:
-        if binding.is_async:
-            result = await asyncio.wait_for(binding.handler(ctx, payload), timeout)
-        else:
-            loop = asyncio.get_running_loop()
-            call = functools.partial(binding.handler, ctx, payload)
-            result = await asyncio.wait_for(asyncio.wrap_future(threads.submit(call), loop=loop),
-                                            timeout)
+        # (asyncio.timeout, not wait_for: on 3.11 wait_for wraps the handler in one more Task)
+        async with asyncio.timeout(timeout):
+            if binding.is_async:
+                result = await binding.handler(ctx, payload)
+            else:
+                loop = asyncio.get_running_loop()
+                call = functools.partial(binding.handler, ctx, payload)
+                result = await asyncio.wrap_future(threads.submit(call), loop=loop)
     except TimeoutError as exc:
         if time.perf_counter() - started >= timeout * 0.999:
             return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {timeout:g}s")

@@ -73,6 +73,8 @@ class HeartbeatThread(threading.Thread):
         self.failures = 0
         self._sent: dict[str, Any] = {}
         self._sent_at = 0.0
+        self.clock_offset_ms: float | None = None
+        """Redis server clock minus this host's clock (time.time), from the last beat."""
 
     def beat_now(self, mode: str = "") -> None:
         if mode:
@@ -108,9 +110,12 @@ class HeartbeatThread(threading.Thread):
             # FULL_STATS_EVERY_S) makes dispatchers re-read the record: a large fleet does not
             # storm the registry's readers.
             fresh = changed(self._sent, stats) or time.monotonic() - self._sent_at >= FULL_STATS_EVERY_S
+            sent_at = time.time()
             reply = self._scripts(protocol.heartbeat_call(
                 self.settings, self.agent_id, self._token(), stats, self._mode, significant=fresh
             ))
+            if reply[0] == "ok" and len(reply) > 1:
+                self.clock_offset_ms = int(reply[1]) - (sent_at + time.time()) * 500
             if fresh and reply[0] == "ok":
                 self._sent, self._sent_at = stats, time.monotonic()
         except (redis.exceptions.RedisError, OSError) as exc:

@@ -2,8 +2,11 @@
 
 One asyncio loop per process, with these jobs running side by side:
 - a reader per capability: blocks on XREADGROUP of its inbox for as many entries as it has
-  free slots, then accepts them in one script call (the fence check) and starts each;
-- the flusher: stores finished attempts in batches (complete.lua: result + ack + next step);
+  free slots and starts each task at once from what its entry carries (an entry that carries
+  less, or that this agent id held before this process, is accepted first: accept.lua);
+- the flusher: once per loop turn, records the starts of the tasks still running (accept.lua)
+  and stores finished attempts (complete.lua: result + ack + next step, and the start of an
+  attempt that ended before its start was recorded), in one round trip;
 - the renewer: every lease/3 extends the leases of running tasks, and stops tasks whose
   attempt was superseded;
 - the control listener: cancels running tasks when their producer cancels them;
@@ -124,6 +127,8 @@ class Worker:
         self._last_tick = time.monotonic()
         self._max_lag_ms = 0.0
         self._completions: dict[str, list[protocol.Completion]] = {}
+        self._unrecorded: dict[str, list[Running]] = {}
+        """Tasks started from their inbox entry whose start is not recorded yet."""
         self._signals = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -132,7 +137,7 @@ class Worker:
         """Serve until asked to stop (SIGTERM/SIGINT or `stop()`), then drain. Returns 0."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
-        self._slots = asyncio.Condition()
+        self._slot_freed = asyncio.Event()
         self._flush_event = asyncio.Event()
         self._reregister = asyncio.Event()
         self._redis: Any = connection.async_client(self.settings)
@@ -177,6 +182,8 @@ class Worker:
     def stop(self) -> None:
         self._stopping = True
         self._stop_event.set()
+        if hasattr(self, "_slot_freed"):
+            self._slot_freed.set()  # (readers waiting for a slot see that we stop)
 
     def _on_signal(self) -> None:
         self._signals += 1
@@ -240,7 +247,7 @@ class Worker:
         while self.running:
             await asyncio.sleep(0.01)
         self._flush_event.set()
-        while self._completions:
+        while self._completions or self._unrecorded:
             await asyncio.sleep(0.01)
         with contextlib.suppress(*connection.TRANSIENT_ERRORS):
             await self._scripts(protocol.deregister_call(self.settings, self.agent_id, self.token))
@@ -252,22 +259,22 @@ class Worker:
                     await self._redis.srem(ck.inboxes, self.agent_id)
 
     # -- slots ------------------------------------------------------------------------------
+    # A plain counter: everything runs on one event loop, so no lock is needed.
 
     async def _reserve(self, most: int) -> int:
-        async with self._slots:
-            await self._slots.wait_for(lambda: self._free > 0 or self._stopping)
-            if self._stopping:
-                return 0
-            n = min(most, self._free)
-            self._free -= n
-            return n
+        while self._free <= 0 and not self._stopping:
+            self._slot_freed.clear()
+            await self._slot_freed.wait()
+        if self._stopping:
+            return 0
+        n = min(most, self._free)
+        self._free -= n
+        return n
 
-    async def _release(self, n: int) -> None:
-        if n <= 0:
-            return
-        async with self._slots:
+    def _release(self, n: int) -> None:
+        if n > 0:
             self._free += n
-            self._slots.notify_all()
+            self._slot_freed.set()
 
     # -- reading and accepting --------------------------------------------------------------
 
@@ -285,6 +292,7 @@ class Worker:
             if held == 0:
                 return
             try:
+                fresh = not recover
                 if recover:
                     entries = await self._own_pending(inbox, held)
                     recover = bool(entries)
@@ -293,19 +301,19 @@ class Worker:
                         AGENT_GROUP, self.agent_id, {inbox: ">"}, count=held, block=READ_BLOCK_MS
                     )
                     entries = reply[0][1] if reply else []
-                await self._release(held - len(entries))
+                self._release(held - len(entries))
                 held = 0
                 if entries:
-                    await self._accept(binding, ck, entries)  # owns one slot per entry
+                    await self._begin(binding, ck, entries, fresh)  # owns one slot per entry
                 backoff = 0.1
             except connection.TRANSIENT_ERRORS as exc:  # (before ResponseError: CLUSTERDOWN is one)
-                await self._release(held)
+                self._release(held)
                 recover = True
                 log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except redis.exceptions.ResponseError as exc:
-                await self._release(held)
+                self._release(held)
                 recover = True
                 if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
                     await self._scripts(protocol.bind_call(
@@ -335,30 +343,46 @@ class Worker:
             start = entries[-1][0]
         return out
 
-    async def _accept(self, binding: Binding, ck: CapabilityKeys,
-                      entries: list[tuple[str, dict[str, str]]]) -> None:
-        """Accept what was read and start it; one slot per entry comes in, and every slot not
-        used by a started task is released, whatever happens (entries left unaccepted stay in
-        this agent's pending list and are found again by _own_pending)."""
+    async def _begin(self, binding: Binding, ck: CapabilityKeys,
+                     entries: list[tuple[str, dict[str, str]]], fresh: bool) -> None:
+        """Start what was read; one slot per entry comes in, and every slot not used by a
+        started task is released, whatever happens (entries left unaccepted stay in this
+        agent's pending list and are found again by _own_pending).
+
+        A fresh entry (first delivered to this process) that carries the task starts at once:
+        only the delivery the task expects is ever in an inbox unread (a reclaim, release or
+        cancel takes its entry out in the same step), so its start is recorded afterwards
+        (_flusher). An entry that carries less, one this agent id held before (a restart), or
+        one whose deadline has passed is accepted first (accept.lua checks it)."""
         unused = len(entries)
         try:
-            unused -= await self._accept_entries(binding, ck, entries)
+            deliveries: list[protocol.Delivery] = []
+            for entry_id, fields in entries:
+                task = inbox.parse_delivery(binding.capability, entry_id, fields) if fresh else None
+                if task is not None and not self._past(task.deadline_at_ms):
+                    self._start(binding, task, recorded=False)
+                    unused -= 1
+                    continue
+                lease = inbox.parse_lease(binding.capability, entry_id, fields)
+                if lease is None:
+                    await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
+                                                      entry_id, fields)
+                    continue
+                deliveries.append(protocol.Delivery(entry_id, lease.local_id, lease.fence))
+            if deliveries:
+                unused -= await self._accept_entries(binding, deliveries)
         finally:
-            await self._release(unused)
+            self._release(unused)
 
-    async def _accept_entries(self, binding: Binding, ck: CapabilityKeys,
-                              entries: list[tuple[str, dict[str, str]]]) -> int:
-        """Returns how many tasks were started."""
-        deliveries: list[protocol.Delivery] = []
-        for entry_id, fields in entries:
-            lease = inbox.parse_lease(binding.capability, entry_id, fields)
-            if lease is None:
-                await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
-                                                  entry_id, fields)
-                continue
-            deliveries.append(protocol.Delivery(entry_id, lease.local_id, lease.fence))
-        if not deliveries:
-            return 0
+    def _past(self, deadline_at_ms: int) -> bool:
+        """Whether a deadline (Redis server clock) has passed, as far as this host can tell."""
+        if not deadline_at_ms:
+            return False
+        offset = self._heartbeat.clock_offset_ms
+        return offset is None or time.time() * 1000 + offset >= deadline_at_ms
+
+    async def _accept_entries(self, binding: Binding, deliveries: list[protocol.Delivery]) -> int:
+        """Accept deliveries before starting them; returns how many tasks were started."""
         call = protocol.accept_call(self.settings, binding.capability, self.agent_id, self.token,
                                     deliveries)
         reply = await connection.with_reconnect(lambda: self._scripts(call))
@@ -368,7 +392,7 @@ class Worker:
             self._reregister.set()
             return 0
         for accepted in parsed.accepted:
-            self._start(binding, accepted)
+            self._start(binding, accepted, recorded=True)
         return len(parsed.accepted)
 
     async def _dead_letter_malformed(self, capability: str, stream: str, entry_id: str,
@@ -381,7 +405,7 @@ class Worker:
 
     # -- running ----------------------------------------------------------------------------
 
-    def _start(self, binding: Binding, task: protocol.AcceptedTask) -> None:
+    def _start(self, binding: Binding, task: protocol.AcceptedTask, recorded: bool) -> None:
         deadline = ms_to_datetime(task.deadline_at_ms)
         timeout_ms = task.timeout_ms or binding.timeout_ms
         try:
@@ -398,6 +422,9 @@ class Worker:
         item = Running(binding, protocol.Lease(task.entry_id, task.local_id, task.fence), ctx)
         self.running[task.task_id] = item
         item.task = asyncio.create_task(self._run(item, task.payload), name=task.task_id)
+        if not recorded:
+            self._unrecorded.setdefault(binding.capability, []).append(item)
+            self._flush_event.set()
 
     async def _run(self, item: Running, payload: str) -> None:
         ctx = item.ctx
@@ -408,7 +435,7 @@ class Worker:
             end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
         finally:
             self.running.pop(ctx.task_id, None)
-            await self._release(1)
+            self._release(1)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
@@ -451,20 +478,56 @@ class Worker:
         while True:
             await self._flush_event.wait()
             # One more turn of the loop: tasks started together tend to end together, and
-            # reporting them in one call costs Redis and this process much less than one each.
+            # reporting them in one call costs Redis and this process much less than one each
+            # (and a task that ends within the turn needs no separate record of its start).
             await asyncio.sleep(0)
             self._flush_event.clear()
-            while self._completions:
-                capability, items = self._completions.popitem()
-                for start in range(0, len(items), COMPLETE_BATCH):
-                    await self._complete(capability, items[start : start + COMPLETE_BATCH])
+            while self._completions or self._unrecorded:
+                completions, self._completions = self._completions, {}
+                unrecorded, self._unrecorded = self._unrecorded, {}
+                for capability in {*completions, *unrecorded}:
+                    # Started and still running: record the start. (Those that ended are
+                    # started by their completion.)
+                    starts = [item for item in unrecorded.get(capability, ())
+                              if self.running.get(item.ctx.task_id) is item]
+                    done = completions.get(capability, [])
+                    for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
+                        await self._report(capability, starts[i:i + COMPLETE_BATCH],
+                                           done[i:i + COMPLETE_BATCH])
 
-    async def _complete(self, capability: str, items: list[protocol.Completion]) -> None:
-        call = protocol.complete_call(self.settings, capability, self.agent_id, self.token, items)
-        # Retrying is safe: a report that was applied already is recognised ('dup').
-        reply = protocol.parse_complete(
-            await connection.with_reconnect(lambda: self._scripts(call))
-        )
+    async def _report(self, capability: str, starts: list[Running],
+                      done: list[protocol.Completion]) -> None:
+        """Record starts and store completions, in one round trip. Retrying is safe: a start
+        recorded already is recognised ('ok'/'done'), and so is a report applied already ('dup')."""
+        calls = []
+        if starts:
+            calls.append(protocol.accept_call(
+                self.settings, capability, self.agent_id, self.token,
+                [protocol.Delivery(i.lease.entry_id, i.lease.local_id, i.lease.fence) for i in starts],
+                started=True))
+        if done:
+            calls.append(protocol.complete_call(self.settings, capability, self.agent_id,
+                                                self.token, done))
+        replies = await connection.with_reconnect(lambda: self._scripts.run_all(calls))
+        if starts:
+            self._on_starts_recorded(capability, starts, replies[0])
+        if done:
+            self._on_completed(capability, done, replies[-1])
+
+    def _on_starts_recorded(self, capability: str, starts: list[Running], reply: list[Any]) -> None:
+        statuses = protocol.parse_accept_statuses(reply)
+        if statuses is None:
+            log.error("starts of %s tasks refused (token); registering again", capability)
+            self._reregister.set()
+            return
+        for status, item in zip(statuses, starts, strict=True):
+            if status not in ("ok", "done") and self.running.get(item.ctx.task_id) is item:
+                # Canceled, expired or handed on between its dispatch and its start.
+                log.warning("task %s: %s before it started here; stopping it", item.ctx.task_id, status)
+                self._cancel_running(item)
+
+    def _on_completed(self, capability: str, items: list[protocol.Completion], raw: list[Any]) -> None:
+        reply = protocol.parse_complete(raw)
         if reply.refused:
             log.error("results for %s refused (token); leases will hand the tasks on", capability)
             self._reregister.set()

@@ -59,19 +59,18 @@ def scaling(bench: Bench, row: ReachRow, counts: list[int]) -> dict[int, float |
 
 
 def memory_breakdown(bench: Bench, row: ReachRow, n: int, sample: int = 200) -> dict[str, float]:
-    """Bytes per task of each key kind (MEMORY USAGE), from a sample of task records."""
+    """Bytes per task of each key kind (MEMORY USAGE), from a sample of task records (the
+    record holds the task's events too)."""
     r = bench.target.r
     ids = [t.split(":", 1)[1] for t in row.task_ids[:sample]]
     pipe = r.pipeline(transaction=False)
     for local in ids:
         pipe.memory_usage(row.keys.task(local), samples=0)
-        pipe.memory_usage(row.keys.task_events(local), samples=0)
     sizes = pipe.execute()
     queue = r.memory_usage(row.keys.queue, samples=0) or 0
     feed = r.memory_usage(row.keys.events, samples=0) or 0
     return {
-        "task_hash": round(statistics.mean(sizes[0::2]), 1),
-        "task_events_list": round(statistics.mean(sizes[1::2]), 1),
+        "task_hash": round(statistics.mean(sizes), 1),
         "queue_zset_entry": round(queue / n, 1),
         "event_feed_share": round(feed / n, 1),
     }

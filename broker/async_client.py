@@ -23,7 +23,13 @@ from broker.ids import split_task_id
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.listener import TaskListener
 from broker.models import TaskEvent, TaskStatus
-from broker.results import OUTCOME_FIELDS, TERMINAL_STATES, event_ends_story, outcome, parse_events
+from broker.results import (
+    TERMINAL_STATES,
+    event_ends_story,
+    message_is_terminal,
+    outcome,
+    parse_watched_events,
+)
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
@@ -155,7 +161,7 @@ class AsyncReachClient:
         return TaskStatus.from_record(record)
 
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
-        ck, local = self._keys(task_id)
+        self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         outage = connection.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
@@ -164,14 +170,15 @@ class AsyncReachClient:
         try:
             while True:
                 try:
-                    fields = await self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
+                    # (subscribed first: whatever ends the task after this call is published)
+                    reply = await self._scripts(protocol.watch_call(self.settings, task_id, "outcome", "w"))
                     outage.over()
                 except connection.TRANSIENT_ERRORS as exc:
                     await asyncio.sleep(outage.next_pause(exc))
                     continue
-                if fields[0] is None:
+                if not reply[0]:
                     raise UnknownTask(task_id)
-                done, value = outcome(task_id, fields)
+                done, value = outcome(task_id, reply)
                 if done:
                     return value
                 await self._wait_for_terminal(queue, deadline, task_id, timeout)
@@ -200,54 +207,60 @@ class AsyncReachClient:
                 message = await asyncio.wait_for(queue.get(), min(remaining, _RECHECK_S))
             except TimeoutError:
                 return
-            if message is None or _is_terminal(message):
+            if message is None or message_is_terminal(message):
                 return
 
     async def events(self, task_id: str, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
-        ck, local = self._keys(task_id)
+        self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         outage = connection.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
         listener = self._get_listener()
         last = 0
         ended = False
+        seen = False
         queue = await self._watch(listener, channel, outage)
         try:
-            with self._errors():
-                if not await self._redis.exists(ck.task(local)):
-                    raise UnknownTask(task_id)
             while True:
                 try:
-                    raw = await self._redis.lrange(ck.task_events(local), last, -1)
-                    state = await self._redis.hget(ck.task(local), "state") if raw else None
-                    alive = bool(raw) or bool(await self._redis.exists(ck.task(local)))
+                    state, _, fresh = parse_watched_events(await self._scripts(
+                        protocol.watch_call(self.settings, task_id, "events", "w", last)))
                     outage.over()
                 except connection.TRANSIENT_ERRORS as exc:
                     await asyncio.sleep(outage.next_pause(exc))
                     continue
-                fresh = parse_events(raw, last)
+                if state is None:
+                    if not seen:
+                        raise UnknownTask(task_id)
+                    return  # the record expired under us: nothing more will come
+                seen = True
                 for event in fresh:
                     last = event.seq
                     ended = event_ends_story(event, ended)
                     yield event
-                if fresh and ended and (state in TERMINAL_STATES or state is None):
+                if fresh and ended and state in TERMINAL_STATES:
                     return  # the last lifecycle event is terminal (and no replay followed)
-                if not alive:
-                    return  # the record expired under us: nothing more will come
+                if len(fresh) == 1000:
+                    continue  # more to read at once
                 remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(queue.get(), min(remaining, _RECHECK_S))
                 while not queue.empty():
-                    queue.get_nowait()  # one LRANGE covers the burst
+                    queue.get_nowait()  # one read covers the burst
         finally:
             await listener.unwatch(channel, queue)
 
     async def cancel(self, task_id: str) -> bool:
-        self._keys(task_id)
+        ck, local = self._keys(task_id)
         with self._errors():
-            reply = await self._scripts(protocol.cancel_call(self.settings, task_id))
+            agent = await self._redis.hget(ck.task(local), "agent_id") or ""
+            for _ in range(10):
+                reply = await self._scripts(protocol.cancel_call(self.settings, task_id, agent))
+                if reply[0] != "moved":
+                    break
+                agent = reply[1]  # it moved to another agent meanwhile: follow it
         if reply[0] == "gone":
             raise UnknownTask(task_id)
         return bool(reply[0] == "canceled")
@@ -267,11 +280,3 @@ class AsyncReachClient:
             yield
         except connection.TRANSIENT_ERRORS as exc:
             raise connection.unavailable(exc, self.settings) from exc
-
-
-_TERMINAL_MARKERS = ('"type":"succeeded"', '"type":"dead_lettered"', '"type":"canceled"')
-
-
-def _is_terminal(message: str) -> bool:
-    # Events are written by our scripts in one fixed layout, so a substring test is exact.
-    return any(marker in message for marker in _TERMINAL_MARKERS)

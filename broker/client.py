@@ -4,10 +4,11 @@
     handle = client.submit("summarize", {"text": "..."}, priority=7)
     print(handle.result(timeout=30))
 
-Waiting never polls: `result()` blocks on the task's `done` list (BLMOVE of the list onto
-itself, which wakes every waiter and leaves it intact) and `events()` follows the task's pub/sub
-channel, replaying the task's event list first so nothing is missed. A wait that times out
-raises the builtin TimeoutError and leaves the task running.
+Waiting never polls: `result()` registers with the task (watch.lua, in the same step that reads
+its state) and blocks on the task's `done` list (BLMOVE of the list onto itself, which wakes
+every waiter and leaves it intact); `events()` follows the task's pub/sub channel after reading
+the events it already has, so nothing is missed. A wait that times out raises the builtin
+TimeoutError and leaves the task running.
 """
 
 from __future__ import annotations
@@ -23,7 +24,13 @@ from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
-from broker.results import OUTCOME_FIELDS, TERMINAL_STATES, event_ends_story, outcome, parse_events
+from broker.results import (
+    TERMINAL_STATES,
+    done_outcome,
+    event_ends_story,
+    outcome,
+    parse_watched_events,
+)
 from broker.scripts import Scripts
 from broker.settings import Settings
 
@@ -31,6 +38,10 @@ from broker.settings import Settings
 # not time out under a blocked command). Not polling: each call blocks until woken.
 _BLOCK_CHUNK_S = 5.0
 SUBMIT_BATCH = 200
+# A task this client submitted with `submit()` has its outcome pushed to its done list, which
+# lives a minute after the end (_lib.lua DONE_TTL_MS). Within this many seconds of the submit the
+# list cannot have expired yet, so `result()` blocks on it straight away.
+_FRESH_S = 30.0
 
 
 def _close_quietly(pubsub: Any) -> None:
@@ -43,12 +54,15 @@ def _close_quietly(pubsub: Any) -> None:
 class TaskHandle:
     """A submitted task. Cheap to make; every method asks Redis afresh."""
 
-    def __init__(self, client: ReachClient, task_id: str, created: bool = True) -> None:
+    def __init__(self, client: ReachClient, task_id: str, created: bool = True,
+                 registered_at: float | None = None) -> None:
         self._client = client
         self.task_id = task_id
         self.capability = split_task_id(task_id)[0]
         self.created = created
         """False when an idempotency key matched an earlier task and this handle points to it."""
+        self._registered_at = registered_at
+        """When this client registered as the task's result waiter at submit (monotonic)."""
 
     def __repr__(self) -> str:
         return f"TaskHandle({self.task_id!r})"
@@ -57,7 +71,9 @@ class TaskHandle:
         return self._client.status(self.task_id)
 
     def result(self, timeout: float | None = None) -> Any:
-        return self._client.result(self.task_id, timeout=timeout)
+        fresh = (self._registered_at is not None
+                 and time.monotonic() - self._registered_at < _FRESH_S)
+        return self._client.result(self.task_id, timeout=timeout, _registered=fresh)
 
     def events(self, timeout: float | None = None) -> Iterator[TaskEvent]:
         return self._client.events(self.task_id, timeout=timeout)
@@ -121,8 +137,10 @@ class ReachClient:
             self.settings, capability, payload, priority=priority, session_id=session_id,
             region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
             deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
-            region_strict=region_strict, version=version,
+            region_strict=region_strict, version=version, wait=True,
         )
+        # (A task submitted alone is usually waited for: its outcome is pushed to its done list,
+        # so that result() blocks at once; submit_many leaves that to result().)
         return self._write([request])[0]
 
     def submit_many(
@@ -160,7 +178,10 @@ class ReachClient:
                 except QueueFull as exc:
                     exc.submitted = handles  # type: ignore[attr-defined]
                     raise
-                handles += [TaskHandle(self, task_id, created) for task_id, created in rows]
+                now = time.monotonic()
+                handles += [TaskHandle(self, task_id, created,
+                                       now if created and requests[0].wait else None)
+                            for task_id, created in rows]
         return handles
 
     def _remember_capability(self, capability: str) -> None:
@@ -186,30 +207,38 @@ class ReachClient:
             raise UnknownTask(task_id)
         return TaskStatus.from_record(record)
 
-    def result(self, task_id: str, timeout: float | None = None) -> Any:
+    def result(self, task_id: str, timeout: float | None = None, *, _registered: bool = False) -> Any:
         """The task's result; TaskFailed/TaskCanceled if it ended otherwise; TimeoutError if it
         has not ended within `timeout` seconds (None: wait as long as it takes). A Redis outage
         shorter than WAIT_OUTAGE_S (a failover, a restart) is waited out."""
         ck, local = self._keys(task_id)
+        done_key = ck.task_done(local)
         deadline = None if timeout is None else time.monotonic() + timeout
         outage = connection.WaitOutage(self.settings, deadline)
+        registered = _registered  # (then the first look is the done list itself)
         while True:
             try:
-                fields = self._redis.hmget(ck.task(local), OUTCOME_FIELDS)
-                if fields[0] is None:
-                    raise UnknownTask(task_id)
-                done, value = outcome(task_id, fields)
-                if done:
-                    return value
+                if not registered:
+                    reply = self._scripts(protocol.watch_call(self.settings, task_id, "outcome", "d"))
+                    if not reply[0]:
+                        raise UnknownTask(task_id)
+                    done, value = outcome(task_id, reply)
+                    if done:
+                        return value
+                registered = False
                 remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
-                done_key = ck.task_done(local)
                 # (Redis reads a timeout under about 1 ms as 0, which means "block for ever".)
-                self._redis.blmove(done_key, done_key, max(0.01, min(remaining, _BLOCK_CHUNK_S)),
-                                   "RIGHT", "LEFT")
+                pushed = self._redis.blmove(done_key, done_key, max(0.01, min(remaining, _BLOCK_CHUNK_S)),
+                                            "RIGHT", "LEFT")
                 outage.over()
+                if pushed is not None:
+                    done, value = done_outcome(task_id, pushed)
+                    if done:
+                        return value
             except connection.TRANSIENT_ERRORS as exc:
+                registered = False
                 time.sleep(outage.next_pause(exc))
 
     def events(self, task_id: str, timeout: float | None = None) -> Iterator[TaskEvent]:
@@ -217,46 +246,49 @@ class ReachClient:
 
         TimeoutError if the task has not ended within `timeout` seconds.
         """
-        ck, local = self._keys(task_id)
+        self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
         outage = connection.WaitOutage(self.settings, deadline)
         pubsub: Any = None
         last = 0
         ended = False
+        seen = False
         try:
-            with self._errors():
-                if not self._redis.exists(ck.task(local)):
-                    raise UnknownTask(task_id)
             while True:
                 try:
                     if pubsub is None:
                         pubsub = connection.open_pubsub(self._redis)
                         pubsub.subscribe(self._channels.task(task_id))
-                    # The list is the truth; the channel only says when to look again.
-                    fresh = parse_events(self._redis.lrange(ck.task_events(local), last, -1), last)
-                    state = self._redis.hget(ck.task(local), "state") if fresh else None
-                    alive = bool(fresh) or bool(self._redis.exists(ck.task(local)))
+                    # The record is the truth; the channel only says when to look again.
+                    state, _, fresh = parse_watched_events(self._scripts(
+                        protocol.watch_call(self.settings, task_id, "events", "w", last)))
                     outage.over()
                 except connection.TRANSIENT_ERRORS as exc:
                     _close_quietly(pubsub)
                     pubsub = None
                     time.sleep(outage.next_pause(exc))
                     continue
+                if state is None:
+                    if not seen:
+                        with self._errors():
+                            raise UnknownTask(task_id)
+                    return  # the record expired under us: nothing more will come
+                seen = True
                 for event in fresh:
                     last = event.seq
                     ended = event_ends_story(event, ended)
                     yield event
-                if fresh and ended and (state in TERMINAL_STATES or state is None):
+                if fresh and ended and state in TERMINAL_STATES:
                     return  # the last lifecycle event is terminal (and no replay followed)
-                if not alive:
-                    return  # the record expired under us: nothing more will come
+                if fresh and len(fresh) == 1000:
+                    continue  # more to read at once
                 remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
                 try:
                     pubsub.get_message(timeout=min(remaining, _BLOCK_CHUNK_S))
                     while pubsub.get_message(timeout=0) is not None:
-                        pass  # drain a burst: one LRANGE covers it
+                        pass  # drain a burst: one read covers it
                 except connection.TRANSIENT_ERRORS:
                     _close_quietly(pubsub)
                     pubsub = None  # reopened (maybe elsewhere) on the next turn
@@ -268,9 +300,14 @@ class ReachClient:
     def cancel(self, task_id: str) -> bool:
         """Cancel a task wherever it is. True if this call canceled it, False if it had already
         ended; UnknownTask if Redis does not know it."""
-        self._keys(task_id)
+        ck, local = self._keys(task_id)
         with self._errors():
-            reply = self._scripts(protocol.cancel_call(self.settings, task_id))
+            agent = self._redis.hget(ck.task(local), "agent_id") or ""
+            for _ in range(10):
+                reply = self._scripts(protocol.cancel_call(self.settings, task_id, agent))
+                if reply[0] != "moved":
+                    break
+                agent = reply[1]  # it moved to another agent meanwhile: follow it
         if reply[0] == "gone":
             raise UnknownTask(task_id)
         return bool(reply[0] == "canceled")

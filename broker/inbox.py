@@ -34,6 +34,27 @@ def parse_lease(capability: str, entry_id: str, fields: dict[str, str] | None) -
     return protocol.Lease(entry_id, local, fence) if fence.isdigit() else None
 
 
+def parse_delivery(capability: str, entry_id: str,
+                   fields: dict[str, str] | None) -> protocol.AcceptedTask | None:
+    """The task an inbox entry hands over, when the entry carries what starting it needs (see
+    deliver in lua/_lib.lua); None when it does not (the agent then accepts it first, which
+    reads the record) or is no valid delivery."""
+    lease = parse_lease(capability, entry_id, fields)
+    if lease is None or fields is None or "p" not in fields:
+        return None
+    try:
+        return protocol.AcceptedTask(
+            entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
+            task_id=f"{capability}:{lease.local_id}", payload=fields["p"],
+            attempt=int(fields.get("a") or 1), timeout_ms=int(fields.get("t") or 0),
+            deadline_at_ms=int(fields.get("d") or 0), trace_id=fields.get("tr", ""),
+            session_id=fields.get("s", ""), metadata=fields.get("m", ""),
+            max_attempts=int(fields.get("ma") or 1),
+        )
+    except ValueError:
+        return None
+
+
 async def last_delivered(client: Any, inbox: str) -> str | None:
     """The consumer group's last-delivered id, or None when the inbox or group does not exist."""
     try:

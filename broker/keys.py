@@ -10,10 +10,10 @@ cannot start with '_', so the two never collide).
 | P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
 | P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
 | P:{cap}:deadlines | zset id -> when to check its deadline | submit | when checked |
-| P:{cap}:task:{id} | hash, the task record | every script | result_ttl after a terminal state |
-| P:{cap}:task:{id}:events | list of JSON events | every script | with the task record |
-| P:{cap}:task:{id}:done | list: the terminal state, for BLMOVE waiters | terminal scripts | with the record |
-| P:{cap}:inbox:{agent} | stream, group `agents` | dispatch; the agent reads | entries deleted when finished |
+| P:{cap}:task:{id} | hash: the record and its events (1) | every script | result_ttl after the end |
+| P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
+| P:{cap}:inbox:{agent} | stream, group `agents` (3) | dispatch, submit; its agent reads | when finished |
+| P:{cap}:grants | list of inbox slots submit may fill (4) | dispatchers | consumed; expires |
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
 | P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
@@ -21,13 +21,22 @@ cannot start with '_', so the two never collide).
 | P:{cap}:stats | hash of counters (dispatched, reroutes, ...) | dispatchers | never |
 | P:{cap}:explain:{id} | JSON: what one routing round saw | dispatchers | 15 minutes |
 | P:{cap}:idem:{key} | string -> task id | submit | idempotency_ttl |
-| P:{cap}:events | stream, capped | every script | MAXLEN ~ event_feed_maxlen |
+| P:{cap}:events | stream, capped: an entry per script call (5) | every script | MAXLEN ~ event_feed_maxlen |
 | P:{cap}:dlq | stream of dead letters | dead-lettering | by `reach dlq purge` / retention |
 | P:{_registry}:agents | zset agent id -> last heartbeat ms (server clock) | register, heartbeat | prune |
 | P:{_registry}:agent:{agent} | hash, descriptor + token hash + stats | register, heartbeat | prune |
 | P:{_registry}:capabilities | set of capability names | clients, workers | never |
 | P:{_registry}:changes, :rev | zset agent -> revision of last change; counter | registry scripts | prune |
 | P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
+
+(1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_lib.lua).
+(2) Pushed only when someone registered to wait (record field `d`); the scripts derive its name
+    from the record's key (done_key in lua/_lib.lua).
+(3) Each entry carries the task's local id and fence, and what starting it needs (payload,
+    attempt, timeout, ...) so the agent starts it as soon as it reads it.
+(4) `agent|most unread|round|score`, in weighted random order: while the ready queue is empty,
+    submit hands a task without routing constraints straight to the next grant's agent.
+(5) Its field `events` holds the call's events, one `task id|seq|event` line each.
 
 Channels (pub/sub carries wake-ups only; every fact is also in a key):
 `P:wake` (dispatchers: "<what> <capability>"), `P:ev:<task id>` (a task's new events),
@@ -96,16 +105,18 @@ class CapabilityKeys:
     def dlq(self) -> str:
         return f"{self.base}:dlq"
 
+    @property
+    def grants(self) -> str:
+        return f"{self.base}:grants"
+
     def inbox(self, agent_id: str) -> str:
         return f"{self.base}:inbox:{agent_id}"
 
     def task(self, local_id: str) -> str:
         return f"{self.base}:task:{local_id}"
 
-    def task_events(self, local_id: str) -> str:
-        return f"{self.base}:task:{local_id}:events"
-
     def task_done(self, local_id: str) -> str:
+        """(The scripts derive it from the record's key: see done_key in lua/_lib.lua.)"""
         return f"{self.base}:task:{local_id}:done"
 
     def explain(self, snapshot_id: str) -> str:

@@ -162,6 +162,26 @@ class TaskEvent(BaseModel):
         raw["time"] = ms_to_datetime(raw.get("time")) or datetime.now(UTC)
         return cls.model_validate(raw)
 
+    @classmethod
+    def from_compact(cls, seq: int, text: str, task_id: str, trace_id: str | None) -> TaskEvent:
+        """An event as the task record stores it: `type|time ms|attempt|agent id|data JSON`
+        (see broker/lua/_lib.lua); ValueError when it is not one."""
+        parts = text.split("|", 4)
+        if len(parts) != 5:
+            raise ValueError(f"not an event: {text[:80]!r}")
+        etype, time_ms, attempt, agent, data = parts
+        parsed = codec.loads(data)
+        return cls(seq=seq, type=etype, task_id=task_id, attempt=int(attempt or 0),
+                   agent_id=agent or None, trace_id=trace_id or None,
+                   time=ms_to_datetime(time_ms) or datetime.now(UTC),
+                   data=parsed if isinstance(parsed, dict) else {})
+
+    def as_dict(self) -> dict[str, Any]:
+        """The event as JSON-ready data, time in ms (the layout of dead letters' histories)."""
+        return {"seq": self.seq, "type": self.type, "task_id": self.task_id, "attempt": self.attempt,
+                "agent_id": self.agent_id, "trace_id": self.trace_id,
+                "time": round(self.time.timestamp() * 1000), "data": self.data}
+
     @property
     def terminal(self) -> bool:
         return self.type in TERMINAL_EVENTS

@@ -47,6 +47,8 @@ class SubmitRequest:
     max_attempts: int = 3
     routing: str = ""
     intake_entry: str = ""
+    wait: bool = False
+    """The producer will wait for the outcome (it is then pushed to the task's done list)."""
 
     @property
     def local_id(self) -> str:
@@ -88,6 +90,7 @@ def build_submit_request(
     region_strict: bool = True,
     version: str | None = None,
     intake_entry: str = "",
+    wait: bool = False,
 ) -> SubmitRequest:
     """Validate everything a producer passes; raise a specific BadInput before touching Redis."""
     check_capability(capability)
@@ -128,6 +131,7 @@ def build_submit_request(
         max_attempts=max_attempts or settings.max_attempts_for(capability),
         routing=codec.dumps(routing) if routing else "",
         intake_entry=intake_entry,
+        wait=wait,
     )
 
 
@@ -136,7 +140,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
     if any(r.capability != capability for r in requests):
         raise BadInput("one submit call serves one capability")
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.events, ck.intake, ck.deadlines]
+    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats]
     args: list[str | int | float] = [
         settings.max_queue_depth,
         settings.aging_ms,
@@ -145,14 +149,15 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
         settings.prefix + ":",
         capability,
         settings.no_agent_timeout_ms,
+        ck.inbox(""),
     ]
     for r in requests:
         local = r.local_id
-        keys += [ck.task(local), ck.task_events(local), ck.idempotency(r.idempotency_key)]
+        keys += [ck.task(local), ck.idempotency(r.idempotency_key)]
         args += [
             r.task_id, local, r.payload, r.priority, r.session_id, r.region, r.idempotency_key,
             r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts, r.routing,
-            r.intake_entry,
+            r.intake_entry, "1" if r.wait else "",
         ]
     return ScriptCall("submit", keys, args)
 
@@ -164,14 +169,23 @@ def parse_submit(capability: str, limit: int, reply: list[Any]) -> list[tuple[st
     return [(reply[i + 1], reply[i] == "new") for i in range(0, len(reply), 2)]
 
 
-def cancel_call(settings: Settings, task_id: str) -> ScriptCall:
+def cancel_call(settings: Settings, task_id: str, agent_id: str) -> ScriptCall:
+    """Cancel a task that the caller saw with `agent_id` ('' for none): see cancel.lua."""
     capability, local = split_task_id(task_id)
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
         "cancel",
-        [ck.queue, ck.delayed, ck.task(local), ck.task_events(local), ck.events, ck.task_done(local)],
-        [local, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms],
+        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id)],
+        [local, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms, agent_id],
     )
+
+
+def watch_call(settings: Settings, task_id: str, what: str, flag: str, after: int = 0) -> ScriptCall:
+    """Read a task's outcome ('outcome') or its events after `after` ('events') and register
+    the wait with `flag`: 'd' (block on the done list) or 'w' (follow the channel); see watch.lua."""
+    capability, local = split_task_id(task_id)
+    return ScriptCall("watch", [CapabilityKeys(settings.prefix, capability).task(local)],
+                      [what, flag, after])
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,33 +198,42 @@ class DispatchResult:
     left: int
 
 
-def dispatch_call(
-    settings: Settings, capability: str, agent_id: str, max_unread: int,
-    tasks: Sequence[str | tuple[str, str]],
-) -> ScriptCall:
-    """Hand tasks, given as local ids or (local id, explanation JSON), to one agent's inbox."""
+@dataclass(frozen=True, slots=True)
+class AgentBatch:
+    """The tasks one routing round gives one agent: local ids, or (local id, why JSON)."""
+
+    agent_id: str
+    max_unread: int
+    tasks: Sequence[str | tuple[str, str]]
+
+
+def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBatch]) -> ScriptCall:
+    """Hand each batch's tasks to its agent's inbox, in one script call."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.inbox(agent_id), ck.inboxes, ck.sessions, ck.events, ck.dlq, ck.tokens,
-            ck.stats]
+    task = ck.task
+    keys = [ck.queue, ck.events, ck.dlq, ck.tokens, ck.stats, ck.sessions, ck.inboxes]
+    keys += [ck.inbox(b.agent_id) for b in batches]
     args: list[str | int | float] = [
-        agent_id, max_unread, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
+        settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms, len(batches),
     ]
-    for task in tasks:
-        local, why = (task, "") if isinstance(task, str) else task
-        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
-        args += [local, why]
+    for b in batches:
+        args += [b.agent_id, b.max_unread, len(b.tasks)]
+    for b in batches:
+        for item in b.tasks:
+            local, why = (item, "") if isinstance(item, str) else item
+            keys.append(task(local))
+            args += [local, why]
     return ScriptCall("dispatch", keys, args)
 
 
-def parse_dispatch(reply: list[Any]) -> DispatchResult:
-    return DispatchResult(*(int(x) for x in reply))
+def parse_dispatch(reply: list[Any]) -> list[DispatchResult]:
+    """One result per batch, in order."""
+    return [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, len(reply), 6)]
 
 
 def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.delayed, ck.queue, ck.events]
-    for local in local_ids:
-        keys += [ck.task(local), ck.task_events(local)]
+    keys = [ck.delayed, ck.queue, ck.events] + [ck.task(local) for local in local_ids]
     args: list[str | int | float] = [
         settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":", capability, *local_ids,
     ]
@@ -250,17 +273,27 @@ class AcceptReply:
 
 
 def accept_call(
-    settings: Settings, capability: str, agent_id: str, token: str, deliveries: Sequence[Delivery]
+    settings: Settings, capability: str, agent_id: str, token: str, deliveries: Sequence[Delivery],
+    *, started: bool = False,
 ) -> ScriptCall:
+    """Accept deliveries before starting them, or (`started`) record that they were started."""
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens]
     args: list[str | int | float] = [
         agent_id, token, settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
+        "1" if started else "0",
     ]
     for d in deliveries:
-        keys += [ck.task(d.local_id), ck.task_events(d.local_id), ck.task_done(d.local_id)]
+        keys.append(ck.task(d.local_id))
         args += [d.entry_id, d.fence]
     return ScriptCall("accept", keys, args)
+
+
+def parse_accept_statuses(reply: list[Any]) -> list[str] | None:
+    """Each delivery's status from an accept call that recorded starts (None: token refused)."""
+    if reply and reply[0] == "REFUSED":
+        return None
+    return [str(reply[i]) for i in range(0, len(reply), 10)]
 
 
 def parse_accept(deliveries: Sequence[Delivery], reply: list[Any]) -> AcceptReply:
@@ -299,7 +332,7 @@ def progress_call(
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
         "progress",
-        [ck.task(local_id), ck.task_events(local_id), ck.events, ck.tokens],
+        [ck.task(local_id), ck.events, ck.tokens],
         [agent_id, token, fence, codec.dumps(data), settings.event_feed_maxlen, settings.prefix + ":"],
     )
 
@@ -333,7 +366,7 @@ def complete_call(
         settings.result_ttl_ms, capability, settings.latency_ceiling_ms,
     ]
     for d in done:
-        keys += [ck.task(d.local_id), ck.task_events(d.local_id), ck.task_done(d.local_id)]
+        keys.append(ck.task(d.local_id))
         args += [d.entry_id, d.fence, d.outcome, d.body, d.backoff_ms, d.exec_ms]
     return ScriptCall("complete", keys, args)
 
@@ -373,7 +406,7 @@ def release_call(
         reason,
     ]
     for e in entries:
-        keys += [ck.task(e.local_id), ck.task_events(e.local_id)]
+        keys.append(ck.task(e.local_id))
         args += [e.entry_id, e.fence]
     return ScriptCall("release", keys, args)
 
@@ -390,7 +423,7 @@ def reclaim_call(
         settings.result_ttl_ms, capability, reason,
     ]
     for e in entries:
-        keys += [ck.task(e.local_id), ck.task_events(e.local_id), ck.task_done(e.local_id)]
+        keys.append(ck.task(e.local_id))
         args += [e.entry_id, e.fence]
     return ScriptCall("reclaim", keys, args)
 
@@ -398,8 +431,7 @@ def reclaim_call(
 def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events]
-    for local in local_ids:
-        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
+    keys += [ck.task(local) for local in local_ids]
     args: list[str | int | float] = [
         settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
         settings.no_agent_timeout_ms, *local_ids,

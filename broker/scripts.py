@@ -11,6 +11,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
+import redis
 from redis.asyncio import Redis as AsyncRedis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.client import Redis
@@ -48,6 +49,8 @@ class AsyncScripts:
     """Runs ScriptCalls on an asyncio client."""
 
     def __init__(self, client: AsyncRedis | AsyncRedisCluster) -> None:
+        self._client = client
+        self._cluster = isinstance(client, AsyncRedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     async def __call__(self, call: ScriptCall, client: Any = None) -> Any:
@@ -58,3 +61,22 @@ class AsyncScripts:
         lacks the script (then run the call alone, which loads it). redis-py's own way would
         ask Redis whether the scripts exist before every execute, one more round trip."""
         pipe.evalsha(self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
+
+    async def run_all(self, calls: list[ScriptCall]) -> list[Any]:
+        """Run several calls in one round trip, in order, each atomic on its own (not all
+        together). A call whose script Redis lacks is run again alone, which loads it. On
+        Cluster, whose pipelines refuse EVALSHA, the calls go one by one."""
+        if len(calls) == 1 or self._cluster:
+            return [await self(call) for call in calls]
+        pipe = self._client.pipeline(transaction=False)
+        for call in calls:
+            self.queue(call, pipe)
+        replies = await pipe.execute(raise_on_error=False)
+        out = []
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                reply = await self(call)
+            elif isinstance(reply, Exception):
+                raise reply
+            out.append(reply)
+        return out

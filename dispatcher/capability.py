@@ -40,6 +40,8 @@ INTAKE_CLAIM_IDLE_MS = 60_000
 ROUTING_FIELDS = ("priority", "session_id", "region", "routing", "last_agent_id", "state")
 EXPLAIN_TTL_MS = 15 * 60 * 1000
 HOUSEKEEPING_S = 0.05
+DISPATCH_CALL_TASKS = 128
+"""Most tasks one dispatch call hands off (a script blocks Redis while it runs)."""
 
 
 class CapabilityLoop:
@@ -49,7 +51,6 @@ class CapabilityLoop:
         self.keys = CapabilityKeys(dispatcher.settings.prefix, capability)
         self.loads: dict[str, routing.InboxLoad] = {}
         self.speed: dict[str, float] = {}
-        self._cluster = connection.is_cluster(dispatcher.redis)
         self._wake = asyncio.Event()
         self._next_delayed_ms: float | None = None
         self._next_deadline_ms: float | None = None
@@ -350,13 +351,11 @@ class CapabilityLoop:
                    f'"score":{float(choice.score)!r},"eligible":{int(choice.eligible)},"at":{int(now)}}}')
             plan.setdefault(choice.agent_id, []).append((task.local_id, why))
         by_id = {c.agent_id: c for c in candidates}
+        batches = [protocol.AgentBatch(agent_id, routing.max_unread(by_id[agent_id], settings), items)
+                   for agent_id, items in plan.items()]
         progressed = dispatched = 0
-        calls = [protocol.dispatch_call(settings, self.capability, agent_id,
-                                        routing.max_unread(by_id[agent_id], settings), items)
-                 for agent_id, items in plan.items()]
-        for agent_id, reply in zip(plan, await self._run_all(calls), strict=True):
-            result = protocol.parse_dispatch(reply)
-            self.note_load(agent_id, result.inbox_len, result.inbox_pending)
+        for batch, result in zip(batches, await self._dispatch(batches), strict=True):
+            self.note_load(batch.agent_id, result.inbox_len, result.inbox_pending)
             dispatched += result.dispatched
             progressed += result.dispatched + result.expired + result.taken
             self.reroutes += result.left  # the inbox filled up meanwhile: they go elsewhere
@@ -366,24 +365,27 @@ class CapabilityLoop:
         await self._count()
         return progressed
 
-    async def _run_all(self, calls: list[protocol.ScriptCall]) -> list[Any]:
-        """Run the round's dispatch calls in one round trip (with many agents a round hands one
-        or two tasks to each of hundreds of inboxes). Each call is atomic on its own; a call
-        whose script Redis did not have yet is run again alone, which loads it. (Cluster
-        pipelines refuse EVALSHA: there the calls go one by one.)"""
-        if len(calls) == 1 or self._cluster:
-            return [await self.d.scripts(call) for call in calls]
-        pipe = self.d.redis.pipeline(transaction=False)
-        for call in calls:
-            self.d.scripts.queue(call, pipe)
-        replies = await pipe.execute(raise_on_error=False)
-        out = []
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                reply = await self.d.scripts(call)
-            elif isinstance(reply, Exception):
-                raise reply
-            out.append(reply)
+    async def _dispatch(self, batches: list[protocol.AgentBatch]) -> list[protocol.DispatchResult]:
+        """Run a round's hand-offs: one dispatch call per DISPATCH_CALL_TASKS tasks (several
+        agents each), all in one round trip. Each call is atomic on its own and short, so Redis
+        never stalls on one. A call whose script Redis did not have yet is run again alone,
+        which loads it. (Cluster pipelines refuse EVALSHA: there the calls go one by one.)"""
+        calls: list[protocol.ScriptCall] = []
+        groups: list[list[protocol.AgentBatch]] = []
+        group: list[protocol.AgentBatch] = []
+        size = 0
+        for batch in batches:
+            if group and size + len(batch.tasks) > DISPATCH_CALL_TASKS:
+                groups.append(group)
+                group, size = [], 0
+            group.append(batch)
+            size += len(batch.tasks)
+        if group:
+            groups.append(group)
+        calls = [protocol.dispatch_call(self.d.settings, self.capability, g) for g in groups]
+        out: list[protocol.DispatchResult] = []
+        for reply in await self.d.scripts.run_all(calls):
+            out += protocol.parse_dispatch(reply)
         return out
 
     async def _snapshot(self, round_: routing.RoutingRound) -> str:

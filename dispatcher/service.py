@@ -7,6 +7,7 @@ task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wak
     free <cap> <agent> <len> <pending> <failures> <n> <exec ms>
                                         an agent finished n tasks in exec ms in all (its exact
                                         inbox load after, its consecutive failures)
+    took <cap> <agent> <len> <pending>  a submit handed tasks straight to the agent (a grant)
     agent <agent>                       the registry changed
 
 Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is
@@ -181,6 +182,12 @@ class Dispatcher:
                         loop.note_failures(parts[2], int(parts[5]))
                     if len(parts) >= 8:
                         loop.note_speed(parts[2], int(parts[6]), float(parts[7]))
+                loop.kick()
+        elif kind == "took" and len(parts) == 5:
+            loop = self.loops.get(parts[1])
+            if loop is not None:
+                with contextlib.suppress(ValueError):
+                    loop.note_load(parts[2], int(parts[3]), int(parts[4]))
                 loop.kick()
         elif kind == "agent":
             self._registry_dirty.set()

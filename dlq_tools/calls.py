@@ -74,7 +74,8 @@ class ReplayItem:
     entry_id: str
     task_id: str
     history: str
-    """The entry's events as JSON texts joined by newlines (rebuilds an expired event list)."""
+    """The entry's events as JSON texts joined by newlines (rebuilds the events of an expired
+    record)."""
 
 
 def replay_call(
@@ -91,7 +92,7 @@ def replay_call(
         cap, local = split_task_id(item.task_id)
         if cap != capability:
             raise BadInput(f"task {item.task_id} is not in capability {capability!r}")
-        keys += [ck.task(local), ck.task_events(local), ck.task_done(local)]
+        keys.append(ck.task(local))
         args += [item.entry_id, item.task_id, local, item.history]
     return ScriptCall("dlq_replay", keys, args)
 

@@ -43,6 +43,7 @@ from broker import (
 )
 from broker.keys import REGISTRY_TAG, CapabilityKeys, Channels, RegistryKeys
 from broker.registry import AgentRecord, AgentState, agent_state, server_ms
+from broker.results import events_of_record
 from tests.cluster import LocalCluster, command, runs
 from tests.conftest import FAST, Fleet, Proc, wait_until
 
@@ -190,7 +191,7 @@ def test_every_key_of_a_capability_or_of_the_registry_lives_in_its_tag_slot(
     for capability in SHARDED:
         ck = CapabilityKeys(prefix, capability)
         keys = [ck.intake, ck.queue, ck.delayed, ck.inboxes, ck.sessions, ck.tokens, ck.events,
-                ck.dlq, ck.inbox("agent-1"), ck.task(local), ck.task_events(local),
+                ck.dlq, ck.grants, ck.inbox("agent-1"), ck.inbox(""), ck.task(local),
                 ck.task_done(local), ck.idempotency("order-42"), ck.idempotency("")]
         slot = slot_of(rc, f"{{{capability}}}")
         assert {slot_of(rc, key) for key in keys} == {slot}, capability
@@ -482,7 +483,7 @@ def explain(rc: Any, settings: Settings, task_id: str) -> str:
     capability, local = task_id.split(":")
     ck = CapabilityKeys(settings.prefix, capability)
     record = rc.hgetall(ck.task(local))
-    events = [e.split('"type":"')[1].split('"')[0] for e in rc.lrange(ck.task_events(local), 0, -1)]
+    events = [e.type for e in events_of_record(record, task_id)]
     agent = record.get("agent_id") or record.get("last_agent_id") or ""
     inbox = ""
     if agent:

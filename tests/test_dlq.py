@@ -25,6 +25,7 @@ import dlq_tools
 from broker import BadInput, ReachClient, Settings, TaskHandle, protocol
 from broker.keys import AGENT_GROUP, DISPATCH_GROUP, CapabilityKeys, RegistryKeys
 from broker.registry import server_ms
+from broker.results import read_events
 from broker.scripts import Scripts
 from dlq_tools import DeadLetters, Filter, Pacer, ReplayOptions, attempts_from_history
 from dlq_tools.parsing import parse_duration_ms, parse_ref, parse_time_ms
@@ -64,7 +65,7 @@ def fail_directly(settings: Settings, client: ReachClient, capability: str,
                              max_attempts=1 if outcome == "retryable_failure" else None)
                for payload, outcome, _ in tasks]
     locals_ = [h.task_id.split(":")[1] for h in handles]
-    scripts(protocol.dispatch_call(settings, capability, agent, 10**6, locals_))
+    scripts(protocol.dispatch_call(settings, capability, [protocol.AgentBatch(agent, 10**6, locals_)]))
     ck = CapabilityKeys(settings.prefix, capability)
     read = r.xreadgroup(AGENT_GROUP, agent, {ck.inbox(agent): ">"}, count=len(tasks))[0][1]
     deliveries = [protocol.Delivery(entry_id, f["id"], f["fence"]) for entry_id, f in read]
@@ -283,8 +284,8 @@ def test_replay_after_the_fix_succeeds_and_leaves_the_dlq_and_dry_run_changes_no
     assert preview["dry_run"] is True and preview["counts"] == {"would_replay": 4}
     assert r.xrange(ck.dlq) == before and r.zcard(ck.queue) == 0
     assert all(h.status().state == "failed" for h in handles)
-    assert not any("replayed" in e for h in handles
-                   for e in r.lrange(ck.task_events(h.task_id.split(":")[1]), 0, -1))
+    assert not any(e.type == "replayed" for h in handles
+                   for e in read_events(r, ck.task(h.task_id.split(":")[1]), h.task_id))
 
     set_broken(r, prefix, False)  # the operator fixes the cause
     done = dlq_json(settings, "replay", "--capability", "alpha", "--yes")
@@ -292,7 +293,7 @@ def test_replay_after_the_fix_succeeds_and_leaves_the_dlq_and_dry_run_changes_no
     assert r.xlen(ck.dlq) == 0
     for i, h in enumerate(handles):
         assert h.result(timeout=30) == {"n": i, "attempt": 1}  # a fresh attempt count
-        types = [json.loads(e)["type"] for e in r.lrange(ck.task_events(h.task_id.split(":")[1]), 0, -1)]
+        types = [e.type for e in read_events(r, ck.task(h.task_id.split(":")[1]), h.task_id)]
         assert types.count("dead_lettered") == 1 and types.count("replayed") == 1
         assert types[-1] == "succeeded"
         assert int(r.hget(ck.task(h.task_id.split(":")[1]), "fence")) > fences[h.task_id]
@@ -477,7 +478,7 @@ def test_export_import_round_trip(client: ReachClient,
                                                                              ensure_ascii=False,
                                                                              separators=(",", ":"))
     assert record["fence"] == r.hget(CapabilityKeys(prefix, "mv").task(local), "fence")
-    types = [json.loads(e)["type"] for e in r.lrange(ck.task_events(local), 0, -1)]
+    types = [e.type for e in read_events(r, ck.task(local), handles[0].task_id)]
     assert types[-4:] == ["failed", "dead_lettered", "replayed", "queued"]
     assert r.zrange(ck.queue, 0, -1) == [local] and r.ttl(ck.task(local)) == -1
     assert "mv" in r.smembers(RegistryKeys(target.prefix).capabilities)

@@ -31,6 +31,7 @@ from broker.keys import AGENT_GROUP, CapabilityKeys, RegistryKeys
 from broker.models import AgentDescriptor
 from broker.overview import agent_rows
 from broker.registry import AgentState, server_ms
+from broker.results import feed_events, read_events
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
 from tests.conftest import FAST, ROOT, Fleet, Proc, agent_state_of, settings_env, wait_until
@@ -77,8 +78,8 @@ def recorded_state(r: redis.Redis, prefix: str, agent_id: str) -> str | None:
 
 def task_events(r: redis.Redis, prefix: str, task_id: str) -> list[dict[str, Any]]:
     capability, local = split_task_id(task_id)
-    key = CapabilityKeys(prefix, capability).task_events(local)
-    return [json.loads(raw) for raw in r.lrange(key, 0, -1)]
+    key = CapabilityKeys(prefix, capability).task(local)
+    return [e.as_dict() for e in read_events(r, key, task_id)]
 
 
 def task_record(r: redis.Redis, prefix: str, task_id: str) -> dict[str, str]:
@@ -420,8 +421,8 @@ def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
     # Another dispatcher whose registry view is a moment old (it has not seen the drain yet)
     # makes its hand-off to the agent it still believes healthy: the product's own script.
     local = split_task_id(handle.task_id)[1]
-    result = protocol.parse_dispatch(Scripts(r)(
-        protocol.dispatch_call(settings, "left", a.agent_id, 10, [local])))
+    result = protocol.parse_dispatch(Scripts(r)(protocol.dispatch_call(
+        settings, "left", [protocol.AgentBatch(a.agent_id, 10, [local])])))
     b = fleet.worker("left", handler="tests.handlers:record", concurrency=2)
     # Either the hand-off is refused (the task stays queued for b) or the unread entry of the
     # departed agent's inbox is handed back; never is the task left behind.
@@ -557,7 +558,7 @@ def test_forged_accept_complete_progress_renew_with_a_wrong_token_are_refused(
     assert inbox_load(r, prefix, "fence", w.agent_id) == (2, 1)
     ck = CapabilityKeys(prefix, "fence")
     assert r.hget(ck.tokens, f"refused:{w.agent_id}") == "5"
-    feed = [json.loads(fields["event"]) for _, fields in r.xrange(ck.events)]
+    feed = [e for _, fields in r.xrange(ck.events) for e in feed_events(fields)]
     calls = [e["data"]["call"] for e in feed if e["type"] == "token_refused"]
     assert sorted(calls) == ["accept", "complete", "complete", "progress"]
     assert all(e["agent_id"] == w.agent_id for e in feed if e["type"] == "token_refused")

@@ -17,6 +17,7 @@ import redis
 from broker import ReachClient, Settings, TaskCanceled, TaskFailed
 from broker.keys import CapabilityKeys
 from broker.models import TaskEvent
+from broker.results import read_events
 from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import runs
 
@@ -35,7 +36,7 @@ def all_events(client: ReachClient, task_id: str) -> list[TaskEvent]:
     ck = CapabilityKeys(client.settings.prefix, task_id.split(":")[0])
     raw = sync_redis(client.settings.redis_url)
     try:
-        return [TaskEvent.from_json(t) for t in raw.lrange(ck.task_events(task_id.split(":")[1]), 0, -1)]
+        return read_events(raw, ck.task(task_id.split(":")[1]), task_id)
     finally:
         raw.close()
 

@@ -1,84 +1,94 @@
 -- accept: an agent takes tasks it read from its inbox and starts running them.
 -- KEYS[1] the agent's inbox   KEYS[2] dead-letter stream   KEYS[3] capability event feed
--- KEYS[4] agent tokens hash
--- then for task i: KEYS[5+3i] task hash, KEYS[6+3i] task events, KEYS[7+3i] task done list
+-- KEYS[4] agent tokens hash   then KEYS[5+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] channel prefix
--- ARGV[5] result ttl ms   then for task i: ARGV[6+2i] inbox entry id, ARGV[7+2i] fencing token
+-- ARGV[5] result ttl ms   ARGV[6] '1' when the agent started the tasks already (from what their
+-- inbox entries carry: this call only records it), '0' when it waits for this reply to start
+-- them   then for task i: ARGV[7+2i] inbox entry id, ARGV[8+2i] fencing token
 -- Only the delivery the task currently expects (same agent, same fence, state dispatched) may
 -- start; any other entry is a stale copy and is acknowledged away without running.
 -- Returns {'REFUSED'} for a bad token, else for each task 10 values: status ('ok', 'gone',
--- 'stale', 'canceled', 'expired', 'failed'), payload, attempt, timeout ms, deadline at, trace id,
--- session id, metadata, max attempts, task id.
-local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[3]), chan = ARGV[4], ttl = tonumber(ARGV[5])}
+-- 'stale', 'canceled', 'expired', 'failed', or 'done' when the task's result was stored
+-- already: the agent reported it before this record of its start), and for 'ok' when the agent
+-- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace id, session id,
+-- metadata, max attempts, task id ('' otherwise).
+local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'REFUSED'} end
-local n = (#KEYS - 4) / 3
+local started = ARGV[6] == '1'
+local n = #KEYS - 4
 local now = now_ms()
 local out = {}
-
 local token_sha = redis.sha1hex(ARGV[2])
+local names = {'state', 'fence', 'agent_id', 'deadline_at', 'accepted_by', 'max_attempts'}
+if not started then
+  for _, f in ipairs({'payload', 'timeout_ms', 'trace_id', 'session_id', 'metadata'}) do
+    names[#names + 1] = f
+  end
+end
 
-local function skip(status)
+local function row(status, t)
   out[#out + 1] = status
-  for _ = 1, 9 do out[#out + 1] = '' end
+  if status == 'ok' and not started then
+    local r = {t.payload, t.attempt, t.timeout_ms, t.deadline_at, t.trace_id, t.session_id,
+               t.metadata, t.max_attempts, t.id}
+    for j = 1, 9 do out[#out + 1] = r[j] or '' end
+  else
+    for _ = 1, 9 do out[#out + 1] = '' end
+  end
 end
 
-local function ok_row(task_key)
-  local r = redis.call('HMGET', task_key, 'payload', 'attempt', 'timeout_ms', 'deadline_at',
-    'trace_id', 'session_id', 'metadata', 'max_attempts', 'id')
-  out[#out + 1] = 'ok'
-  for j = 1, 9 do out[#out + 1] = r[j] or '' end
+local function drop(entry)
+  redis.call('XACK', inbox, 'agents', entry)
+  redis.call('XDEL', inbox, entry)
 end
 
--- Begin an attempt: count it, mark the task running by this process, tell the listeners.
-local function start(task_key, events_key)
-  redis.call('HINCRBY', task_key, 'attempt', 1)
-  redis.call('HSET', task_key, 'state', 'running', 'started_at', jint(now), 'accepted_by', token_sha)
-  emit(c, task_key, events_key, 'accepted', agent, now, '{}')
-  ok_row(task_key)
+local function start(t)
+  start_attempt(c, t, agent, token_sha, now)
+  save(t)
 end
 
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
-  local entry, fence = ARGV[6 + 2 * i], ARGV[7 + 2 * i]
-  local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'deadline_at',
-    'accepted_by', 'attempt', 'max_attempts')
-  if not f[1] then
-    redis.call('XACK', inbox, 'agents', entry)
-    redis.call('XDEL', inbox, entry)
-    skip('gone')
-  elseif f[1] == 'running' and f[2] == fence and f[3] == agent and f[5] == token_sha then
+  local entry, fence = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
+  local t = load_task(KEYS[5 + i], names)
+  local mine = t.fence == fence and t.agent_id == agent
+  if not t.state then
+    drop(entry)
+    row('gone', t)
+  elseif t.state == 'running' and mine and t.accepted_by == token_sha then
     -- Accepted already by this very process: the call was retried after its reply was lost.
-    ok_row(task_key)
-  elseif f[1] == 'running' and f[2] == fence and f[3] == agent then
+    row('ok', t)
+  elseif t.state == 'running' and mine then
     -- Accepted by an earlier incarnation of this agent id, which died while running it. This
     -- is a new attempt (so a task that kills its worker every time still ends in the DLQ).
-    if tonumber(f[6]) >= tonumber(f[7]) then
-      redis.call('XACK', inbox, 'agents', entry)
-      redis.call('XDEL', inbox, entry)
-      fail_task(c, task_key, events_key, done_key, KEYS[2], 'retries_exhausted',
-        'the agent restarted while running the task, ' .. f[6] .. ' time(s)', agent, now)
-      skip('failed')
+    if tonumber(t.attempt) >= tonumber(t.max_attempts) then
+      drop(entry)
+      fail_task(c, t, KEYS[2], 'retries_exhausted',
+        'the agent restarted while running the task, ' .. t.attempt .. ' time(s)', agent, now)
+      row('failed', t)
     else
-      emit(c, task_key, events_key, 'reclaimed', agent, now, '{"reason":"agent restarted"}')
-      start(task_key, events_key)
+      event(c, t, 'reclaimed', agent, now, '{"reason":"agent restarted"}')
+      start(t)
+      row('ok', t)
     end
-  elseif f[2] ~= fence or f[3] ~= agent or (f[1] ~= 'dispatched' and f[1] ~= 'canceled') then
-    redis.call('XACK', inbox, 'agents', entry)
-    redis.call('XDEL', inbox, entry)
-    skip('stale')
-  elseif f[1] == 'canceled' then
-    redis.call('XACK', inbox, 'agents', entry)
-    redis.call('XDEL', inbox, entry)
-    skip('canceled')
-  elseif (tonumber(f[4]) or 0) > 0 and now >= tonumber(f[4]) then
-    redis.call('XACK', inbox, 'agents', entry)
-    redis.call('XDEL', inbox, entry)
-    fail_task(c, task_key, events_key, done_key, KEYS[2], 'expired',
-      'deadline passed before the task started', agent, now)
-    skip('expired')
+  elseif mine and t.state ~= 'dispatched' and t.state ~= 'canceled' then
+    -- The agent's report of how this attempt ended arrived first (and started it, see
+    -- complete.lua): nothing to record any more.
+    row('done', t)
+  elseif not mine or (t.state ~= 'dispatched' and t.state ~= 'canceled') then
+    drop(entry)
+    row('stale', t)
+  elseif t.state == 'canceled' then
+    drop(entry)
+    row('canceled', t)
+  elseif (tonumber(t.deadline_at) or 0) > 0 and now >= tonumber(t.deadline_at) then
+    drop(entry)
+    fail_task(c, t, KEYS[2], 'expired', 'deadline passed before the task started', agent, now)
+    row('expired', t)
   else
-    start(task_key, events_key)
+    start(t)
+    row('ok', t)
   end
 end
+flush_feed(c)
 return out

@@ -4,13 +4,13 @@
 -- a fresh attempt count (unless asked to keep it), a `replayed` event and a `queued` event.
 -- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
 -- KEYS[4] deadlines zset (when expire.lua looks at a task)
--- then for entry i (0-based): KEYS[5+3i] task hash, KEYS[6+3i] task events, KEYS[7+3i] task done list
+-- then KEYS[5+i] the task hash of entry i (0-based)
 -- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] capability
 -- ARGV[5] max queue depth   ARGV[6] priority 0-9 ('' keeps each task's own)
 -- ARGV[7] '1' resets the attempt count, '0' keeps it
 -- then for entry i, 4 values from ARGV[8+4i]: dead-letter entry id, task id, local id, the
 --   entry's history as event JSON texts joined by newlines (used only to rebuild the task's
---   event list when its record has expired; the entry's own `record` field rebuilds the record)
+--   events when its record has expired; the entry's own `record` field rebuilds the record)
 -- A task whose record exists and is not `failed` (it was replayed or resubmitted meanwhile) is
 -- left alone and so is its entry; so is everything once the queue is full. A task with a
 -- deadline gets the same budget again, counted from the replay, and is indexed for expire.lua
@@ -20,11 +20,11 @@
 -- longer in the stream), 'malformed' (a raw entry, no task to replay), 'mismatch' (the entry
 -- holds another task), 'active' (detail: the task's state), 'full' (detail: queue depth),
 -- 'corrupt' (the record is gone and the entry's copy of it is unusable).
-local c = {feed = KEYS[3], feed_maxlen = tonumber(ARGV[2]), chan = ARGV[3], ttl = 0}
+local c = context(KEYS[3], ARGV[2], ARGV[3], 0)
 local dlq, queue = KEYS[1], KEYS[2]
 local aging, max_depth = tonumber(ARGV[1]), tonumber(ARGV[5])
 local reset = ARGV[7] == '1'
-local n = (#KEYS - 4) / 3
+local n = #KEYS - 4
 local now = now_ms()
 local depth = redis.call('ZCARD', queue)
 local out = {}
@@ -44,21 +44,34 @@ local function record_fields(record_json, task_id)
   return flat
 end
 
-local function rebuild(task_key, events_key, flat, history)
+-- Write the record back from the entry's copy, and its events (compact, see _lib.lua) from the
+-- entry's history.
+local function rebuild(task_key, flat, history)
   if #flat > 0 then redis.call('HSET', task_key, unpack(flat)) end
-  local batch = {}
-  for ev in string.gmatch(history, '[^\n]+') do
-    batch[#batch + 1] = ev
-    if #batch == 500 then
-      redis.call('RPUSH', events_key, unpack(batch))
-      batch = {}
+  local batch, seq = {}, 0
+  for text in string.gmatch(history, '[^\n]+') do
+    local ok, ev = pcall(cjson.decode, text)
+    if ok and type(ev) == 'table' then
+      seq = tonumber(ev['seq']) or (seq + 1)
+      local agent = ev['agent_id']
+      if type(agent) ~= 'string' then agent = '' end
+      local data = ev['data']
+      if type(data) == 'table' and next(data) ~= nil then data = cjson.encode(data) else data = '{}' end
+      batch[#batch + 1] = 'e:' .. jint(seq)
+      batch[#batch + 1] = tostring(ev['type']) .. '|' .. jint(ev['time']) .. '|' .. jint(ev['attempt']) ..
+        '|' .. agent .. '|' .. data
+      if #batch == 1000 then
+        redis.call('HSET', task_key, unpack(batch))
+        batch = {}
+      end
     end
   end
-  if #batch > 0 then redis.call('RPUSH', events_key, unpack(batch)) end
+  if #batch > 0 then redis.call('HSET', task_key, unpack(batch)) end
+  redis.call('HSET', task_key, 'seq', jint(seq))
 end
 
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
+  local task_key = KEYS[5 + i]
   local a = 8 + 4 * i
   local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local found = redis.call('XRANGE', dlq, entry_id, entry_id)
@@ -83,33 +96,36 @@ for i = 0, n - 1 do
     else
       if not state then
         -- The record expired with the result TTL: rebuild it and its events from the entry.
-        redis.call('DEL', task_key, events_key)
-        rebuild(task_key, events_key, record_fields(e['record'], task_id), history)
-      elseif redis.call('EXISTS', events_key) == 0 then
-        rebuild(task_key, events_key, {}, history)
+        redis.call('DEL', task_key)
+        rebuild(task_key, record_fields(e['record'], task_id), history)
       end
       redis.call('PERSIST', task_key)
-      redis.call('PERSIST', events_key)
-      redis.call('DEL', done_key)
-      local f = redis.call('HMGET', task_key, 'priority', 'attempt', 'deadline_at', 'created_at')
-      local priority = tonumber(ARGV[6]) or tonumber(f[1]) or 5
-      local deadline_at = tonumber(f[3]) or 0
+      redis.call('DEL', done_key(task_key))
+      local t = load_task(task_key, {'priority', 'deadline_at', 'created_at'})
+      local priority = tonumber(ARGV[6]) or tonumber(t.priority) or 5
+      local deadline_at = tonumber(t.deadline_at) or 0
       if deadline_at > 0 then
-        local budget = deadline_at - (tonumber(f[4]) or deadline_at)
+        local budget = deadline_at - (tonumber(t.created_at) or deadline_at)
         if budget > 0 then deadline_at = now + budget else deadline_at = 0 end
       end
       local replays = redis.call('HINCRBY', task_key, 'replays', 1)
+      local previous_attempts = t.attempt
       redis.call('HDEL', task_key, 'agent_id', 'dispatched_at', 'started_at', 'finished_at',
-        'accepted_by', 'result', 'exec_ms', 'reason', 'error')
-      redis.call('HSET', task_key, 'state', 'queued', 'queued_at', jint(now), 'replayed_at', jint(now),
-        'priority', jint(priority), 'deadline_at', jint(deadline_at))
-      if reset then redis.call('HSET', task_key, 'attempt', '0') end
-      emit(c, task_key, events_key, 'replayed', nil, now,
+        'accepted_by', 'result', 'exec_ms', 'reason', 'error', 'entry', 'w', 'd')
+      t.w, t.d = false, false
+      set(t, 'state', 'queued')
+      set(t, 'queued_at', jint(now))
+      set(t, 'replayed_at', jint(now))
+      set(t, 'priority', jint(priority))
+      set(t, 'deadline_at', jint(deadline_at))
+      if reset then set(t, 'attempt', '0') end
+      event(c, t, 'replayed', nil, now,
         '{"dlq_entry":' .. jstr(entry_id) .. ',"replay":' .. jint(replays) ..
         ',"previous_reason":' .. jstr(e['reason']) .. ',"previous_error":' .. jstr(e['error']) ..
-        ',"previous_attempts":' .. jint(f[2]) .. ',"attempts_reset":' .. tostring(reset) ..
+        ',"previous_attempts":' .. jint(previous_attempts) .. ',"attempts_reset":' .. tostring(reset) ..
         ',"priority":' .. jint(priority) .. '}')
-      emit(c, task_key, events_key, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
+      event(c, t, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
+      save(t)
       redis.call('ZADD', queue, now - priority * aging, local_id)
       if deadline_at > 0 then
         redis.call('ZADD', KEYS[4], deadline_at, local_id)
@@ -125,6 +141,7 @@ for i = 0, n - 1 do
   out[#out + 1] = status
   out[#out + 1] = detail
 end
+flush_feed(c)
 if replayed > 0 then
   redis.call('PUBLISH', ARGV[3] .. 'wake', 'task ' .. ARGV[4])
 end

@@ -2,47 +2,45 @@
 -- dispatched, running), and tasks no agent started within no_agent_timeout.
 -- KEYS[1] deadlines zset (local id -> when to look at it, ms)   KEYS[2] queue zset
 -- KEYS[3] delayed zset   KEYS[4] dead-letter stream   KEYS[5] capability event feed
--- then for task i: KEYS[6+3i] task hash, KEYS[7+3i] task events, KEYS[8+3i] task done list
+-- then KEYS[6+i] the task hash of task i
 -- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms
 -- ARGV[4] no_agent_timeout ms (0: off)   then ARGV[5+i] the local id of task i
 -- A running task's agent is told to stop (control channel) and the fence moves, so its late
--- result is refused. Entries of tasks that ended meanwhile are dropped from the index.
+-- result is refused (and an agent that reads a dispatched entry of it later finds it stale).
+-- Entries of tasks that ended meanwhile are dropped from the index.
 -- Returns {expired, no_agent, rescheduled}.
-local c = {feed = KEYS[5], feed_maxlen = tonumber(ARGV[1]), chan = ARGV[2], ttl = tonumber(ARGV[3])}
+local c = context(KEYS[5], ARGV[1], ARGV[2], ARGV[3])
 local nat = tonumber(ARGV[4])
-local n = (#KEYS - 5) / 3
+local n = #KEYS - 5
 local now = now_ms()
 local expired, no_agent, later = 0, 0, 0
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local local_id = ARGV[5 + i]
-  local f = redis.call('HMGET', task_key, 'state', 'deadline_at', 'created_at', 'attempt',
-    'agent_id', 'id', 'replayed_at')
-  local state = f[1]
-  local deadline = tonumber(f[2]) or 0
+  local t = load_task(KEYS[6 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at', 'fence'})
+  local state = t.state
+  local deadline = tonumber(t.deadline_at) or 0
   local not_started_by = 0
   -- (counted from the task's creation, or from its last replay out of the dead-letter stream)
-  local since = math.max(tonumber(f[3]) or 0, tonumber(f[7]) or 0)
-  if nat > 0 and (tonumber(f[4]) or 0) == 0 then not_started_by = since + nat end
+  local since = math.max(tonumber(t.created_at) or 0, tonumber(t.replayed_at) or 0)
+  if nat > 0 and (tonumber(t.attempt) or 0) == 0 then not_started_by = since + nat end
   if not state or state == 'succeeded' or state == 'failed' or state == 'canceled' then
     redis.call('ZREM', KEYS[1], local_id)
   elseif deadline > 0 and now >= deadline then
     redis.call('ZREM', KEYS[1], local_id)
     redis.call('ZREM', KEYS[2], local_id)
     redis.call('ZREM', KEYS[3], local_id)
-    redis.call('HINCRBY', task_key, 'fence', 1)
-    if (state == 'running' or state == 'dispatched') and f[5] and f[5] ~= '' then
-      redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. f[5], 'cancel ' .. f[6])
+    set(t, 'fence', (tonumber(t.fence) or 0) + 1)
+    if (state == 'running' or state == 'dispatched') and t.agent_id and t.agent_id ~= '' then
+      redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. t.agent_id, 'cancel ' .. t.id)
     end
-    fail_task(c, task_key, events_key, done_key, KEYS[4], 'expired',
-      'deadline passed while ' .. state, f[5], now)
+    fail_task(c, t, KEYS[4], 'expired', 'deadline passed while ' .. state, t.agent_id, now)
     expired = expired + 1
   elseif not_started_by > 0 and now >= not_started_by and (state == 'queued' or state == 'dispatched') then
     redis.call('ZREM', KEYS[1], local_id)
     redis.call('ZREM', KEYS[2], local_id)
-    redis.call('HINCRBY', task_key, 'fence', 1)
-    fail_task(c, task_key, events_key, done_key, KEYS[4], 'no_agent_timeout',
-      'no agent started the task within ' .. nat .. ' ms', f[5], now)
+    set(t, 'fence', (tonumber(t.fence) or 0) + 1)
+    fail_task(c, t, KEYS[4], 'no_agent_timeout',
+      'no agent started the task within ' .. nat .. ' ms', t.agent_id, now)
     no_agent = no_agent + 1
   else
     local next_look = 0
@@ -58,4 +56,5 @@ for i = 0, n - 1 do
     end
   end
 end
+flush_feed(c)
 return {expired, no_agent, later}

@@ -3,8 +3,7 @@
 -- calls this to requeue each task as a new attempt, atomically.
 -- KEYS[1] the agent's inbox   KEYS[2] queue zset   KEYS[3] dead-letter stream
 -- KEYS[4] capability event feed   KEYS[5] agent health hash (a lapsed lease is a failure of
--- the agent, for its circuit breaker)
--- then for task i: KEYS[6+3i] task hash, KEYS[7+3i] task events, KEYS[8+3i] task done list
+-- the agent, for its circuit breaker)   then KEYS[6+i] the task hash of task i
 -- ARGV[1] the inbox's agent id   ARGV[2] the dispatcher's consumer name   ARGV[3] aging ms
 -- ARGV[4] feed maxlen   ARGV[5] channel prefix   ARGV[6] result ttl ms   ARGV[7] capability
 -- ARGV[8] reason   then for task i: ARGV[9+2i] inbox entry id, ARGV[10+2i] its fencing token
@@ -12,13 +11,12 @@
 -- The fence moves, so anything the old attempt reports later is refused. A task that already
 -- used all its attempts fails with retries_exhausted.
 -- Returns {requeued, failed, skipped}.
-local c = {feed = KEYS[4], feed_maxlen = tonumber(ARGV[4]), chan = ARGV[5], ttl = tonumber(ARGV[6])}
+local c = context(KEYS[4], ARGV[4], ARGV[5], ARGV[6])
 local inbox, agent, me, aging = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local n = (#KEYS - 5) / 3
+local n = #KEYS - 5
 local now = now_ms()
 local requeued, failed, skipped = 0, 0, 0
 for i = 0, n - 1 do
-  local task_key, events_key, done_key = KEYS[6 + 3 * i], KEYS[7 + 3 * i], KEYS[8 + 3 * i]
   local entry, fence = ARGV[9 + 2 * i], ARGV[10 + 2 * i]
   local pending = redis.call('XPENDING', inbox, 'agents', entry, entry, 1)
   if #pending == 0 or pending[1][2] ~= me then
@@ -26,28 +24,29 @@ for i = 0, n - 1 do
   else
     redis.call('XACK', inbox, 'agents', entry)
     redis.call('XDEL', inbox, entry)
-    local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'priority', 'id',
-      'attempt', 'max_attempts')
-    if (f[1] == 'running' or f[1] == 'dispatched') and f[2] == fence and f[3] == agent then
-      redis.call('HINCRBY', task_key, 'fence', 1)
-      if f[1] == 'running' then
+    local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
+    if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
+      local was = t.state
+      set(t, 'fence', (tonumber(t.fence) or 0) + 1)
+      if was == 'running' then
         redis.call('HINCRBY', KEYS[5], 'cf:' .. agent, 1)
         redis.call('HSET', KEYS[5], 'lf:' .. agent, jint(now))
       end
-      local attempt, most = tonumber(f[6]) or 0, tonumber(f[7]) or 1
-      local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(f[1]) .. '}'
-      if f[1] == 'running' and attempt >= most then
-        emit(c, task_key, events_key, 'reclaimed', agent, now, data)
-        fail_task(c, task_key, events_key, done_key, KEYS[3], 'retries_exhausted',
+      local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or 1
+      local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(was) .. '}'
+      event(c, t, 'reclaimed', agent, now, data)
+      if was == 'running' and attempt >= most then
+        fail_task(c, t, KEYS[3], 'retries_exhausted',
           ARGV[8] .. ' on the last attempt (' .. attempt .. ' of ' .. most .. ')', agent, now)
         failed = failed + 1
       else
-        redis.call('HSET', task_key, 'state', 'queued', 'queued_at', jint(now), 'agent_id', '',
-          'last_agent_id', agent)
-        local local_id = string.match(f[5], ':(.*)$')
-        redis.call('ZADD', KEYS[2], now - (tonumber(f[4]) or 5) * aging, local_id)
-        emit(c, task_key, events_key, 'reclaimed', agent, now, data)
-        emit(c, task_key, events_key, 'queued', nil, now, '{"priority":' .. jint(f[4]) .. '}')
+        set(t, 'state', 'queued')
+        set(t, 'queued_at', jint(now))
+        set(t, 'agent_id', '')
+        set(t, 'last_agent_id', agent)
+        event(c, t, 'queued', nil, now, '{"priority":' .. jint(t.priority) .. '}')
+        save(t)
+        redis.call('ZADD', KEYS[2], now - (tonumber(t.priority) or 5) * aging, string.match(t.id, ':(.*)$'))
         requeued = requeued + 1
       end
     else
@@ -55,5 +54,6 @@ for i = 0, n - 1 do
     end
   end
 end
+flush_feed(c)
 if requeued > 0 then redis.call('PUBLISH', ARGV[5] .. 'wake', 'task ' .. ARGV[7]) end
 return {requeued, failed, skipped}

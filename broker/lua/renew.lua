@@ -18,7 +18,8 @@ for i = 0, #KEYS - 3 do
     out[#out + 1] = 'gone'
   elseif f[1] == 'canceled' then
     out[#out + 1] = 'canceled'
-  elseif f[1] ~= 'running' or f[2] ~= fence or f[3] ~= agent then
+  elseif (f[1] ~= 'running' and f[1] ~= 'dispatched') or f[2] ~= fence or f[3] ~= agent then
+    -- ('dispatched': the agent started it and the record of the start is on its way)
     out[#out + 1] = 'stale'
   else
     local claimed = redis.call('XCLAIM', inbox, 'agents', agent, 0, entry, 'JUSTID')

@@ -1,33 +1,71 @@
 -- submit: create one or more tasks and make them ready, atomically.
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] intake stream
 -- KEYS[4] deadlines zset (when to look at a task with a deadline or a no-agent timeout)
--- then for task i (0-based): KEYS[5+3i] task hash, KEYS[6+3i] task events, KEYS[7+3i] idempotency key
+-- KEYS[5] grants list   KEYS[6] agent tokens hash   KEYS[7] capability stats hash
+-- then for task i (0-based): KEYS[8+2i] task hash, KEYS[9+2i] idempotency key
 -- ARGV[1] max queue depth     ARGV[2] aging ms                 ARGV[3] idempotency ttl ms
 -- ARGV[4] feed maxlen         ARGV[5] channel prefix ("<prefix>:")   ARGV[6] capability
--- ARGV[7] no-agent timeout ms (0: off)
--- then for task i: 14 fields from ARGV[8+14i]: task id, local id, payload, priority, session id,
+-- ARGV[7] no-agent timeout ms (0: off)   ARGV[8] inbox key prefix ("<capability base>:inbox:")
+-- then for task i: 15 fields from ARGV[9+15i]: task id, local id, payload, priority, session id,
 --   region, idempotency key, timeout ms, deadline ms (0: none), trace id, metadata JSON,
 --   max attempts, routing JSON, intake entry id (entries taken from the intake stream are
---   acknowledged and deleted in the same step, so a crash never creates a task twice)
+--   acknowledged and deleted in the same step, so a crash never creates a task twice), and
+--   '1' when the producer will wait for the result (then the outcome is pushed to its done list)
+--
+-- Direct hand-off ("sync match", as Temporal's matching service calls it): while nothing waits
+-- in the ready queue, a task without routing constraints goes straight to an agent's inbox,
+-- taking the next grant a dispatcher left in the grants list. A grant is `agent|most unread
+-- entries|round|score`: the dispatcher orders grants by weighted random choice over the agents'
+-- scores and gives an agent no more than its room, so this is the dispatcher's own decision,
+-- taken ahead of time. The grant is checked here (token, not draining, inbox below its limit)
+-- and skipped when stale; the list expires unless a dispatcher keeps refreshing it. The inbox's
+-- key is the only key a script builds: it is `ARGV[8] .. agent`, in this capability's slot.
+--
 -- Returns {'FULL', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
-local c = {feed = KEYS[2], feed_maxlen = tonumber(ARGV[4]), chan = ARGV[5], ttl = 0}
+local c = context(KEYS[2], ARGV[4], ARGV[5], 0)
+local queue, grants, tokens = KEYS[1], KEYS[5], KEYS[6]
 local max_depth = tonumber(ARGV[1])
 local aging = tonumber(ARGV[2])
 local idem_ttl = tonumber(ARGV[3])
-local n = (#KEYS - 4) / 3
+local n = (#KEYS - 7) / 2
 local nat = tonumber(ARGV[7])
+local inbox_prefix = ARGV[8]
 
-local depth = redis.call('ZCARD', KEYS[1])
+local depth = redis.call('ZCARD', queue)
 if depth + n > max_depth then
   return {'FULL', depth}
+end
+-- Tasks go straight to agents only while the queue is empty, so none passes a waiting one.
+local direct_ok = depth == 0 and redis.call('LLEN', grants) > 0
+
+-- The agent of the next usable grant: {agent, inbox, round, score} or nil.
+local loads = {}
+local function next_grant()
+  for _ = 1, 4 do
+    local grant = redis.call('LPOP', grants)
+    if not grant then return nil end
+    local agent, most, round, score = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)$')
+    if agent then
+      local tk = redis.call('HMGET', tokens, agent, 'draining:' .. agent)
+      local inbox = inbox_prefix .. agent
+      if tk[1] and not tk[2] and redis.call('EXISTS', inbox) == 1 then
+        local len, pending = inbox_load(inbox)
+        if len - pending < tonumber(most) then
+          return {agent, inbox, round, score, len, pending}
+        end
+      end
+    end
+  end
+  return nil
 end
 
 local now = now_ms()
 local out = {}
+local queued, direct = 0, 0
 for i = 0, n - 1 do
-  local task_key, events_key, idem_key = KEYS[5 + 3 * i], KEYS[6 + 3 * i], KEYS[7 + 3 * i]
-  local a = 8 + 14 * i
+  local task_key, idem_key = KEYS[8 + 2 * i], KEYS[9 + 2 * i]
+  local a = 9 + 15 * i
   local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
   local entry = ARGV[a + 13]
   local existing = false
@@ -46,21 +84,53 @@ for i = 0, n - 1 do
     local deadline_ms = tonumber(ARGV[a + 8])
     local deadline_at = 0
     if deadline_ms > 0 then deadline_at = now + deadline_ms end
-    redis.call('HSET', task_key,
-      'v', '1', 'id', task_id, 'cap', ARGV[6], 'payload', ARGV[a + 2],
-      'priority', ARGV[a + 3], 'session_id', ARGV[a + 4], 'region', ARGV[a + 5],
-      'idempotency_key', idem, 'timeout_ms', ARGV[a + 7], 'deadline_at', jint(deadline_at),
-      'trace_id', ARGV[a + 9], 'metadata', ARGV[a + 10], 'max_attempts', ARGV[a + 11],
-      'routing', ARGV[a + 12], 'state', 'queued', 'attempt', '0', 'fence', '0',
-      'created_at', jint(now), 'queued_at', jint(now), 'seq', '0')
-    redis.call('ZADD', KEYS[1], now - priority * aging, local_id)
+    local t = {_key = task_key, _set = {}, id = task_id, seq = 0, attempt = '0', fence = '0',
+               w = false, d = false, payload = ARGV[a + 2],
+               timeout_ms = ARGV[a + 7], deadline_at = jint(deadline_at), trace_id = ARGV[a + 9],
+               session_id = ARGV[a + 4], metadata = ARGV[a + 10], max_attempts = ARGV[a + 11]}
+    set(t, 'v', '2')
+    set(t, 'id', task_id)
+    set(t, 'cap', ARGV[6])
+    set(t, 'payload', ARGV[a + 2])
+    set(t, 'priority', ARGV[a + 3])
+    -- (empty options are left out of the record: a missing field reads as empty)
+    for _, f in ipairs({{'session_id', a + 4}, {'region', a + 5}, {'idempotency_key', a + 6},
+                        {'metadata', a + 10}, {'routing', a + 12}}) do
+      if ARGV[f[2]] ~= '' then set(t, f[1], ARGV[f[2]]) end
+    end
+    set(t, 'timeout_ms', ARGV[a + 7])
+    set(t, 'deadline_at', jint(deadline_at))
+    set(t, 'trace_id', ARGV[a + 9])
+    set(t, 'max_attempts', ARGV[a + 11])
+    set(t, 'attempt', '0')
+    set(t, 'fence', '0')
+    set(t, 'created_at', jint(now))
+    set(t, 'queued_at', jint(now))
+    if ARGV[a + 14] == '1' then set(t, 'd', '1') end
+    event(c, t, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
+    local grant = nil
+    if direct_ok and ARGV[a + 4] == '' and ARGV[a + 5] == '' and ARGV[a + 12] == '' then
+      grant = next_grant()
+    end
+    if grant then
+      local why = '{"round":' .. jstr(grant[3]) .. ',"why":"grant","score":' ..
+        (tonumber(grant[4]) and grant[4] or 'null') .. ',"eligible":null,"at":' .. jint(now) .. '}'
+      deliver(c, t, grant[2], grant[1], local_id, now, why, ',"direct":true')
+      loads[grant[1]] = {grant[5] + 1, grant[6]}
+      direct = direct + 1
+    else
+      set(t, 'state', 'queued')
+      save(t)
+      redis.call('ZADD', queue, now - priority * aging, local_id)
+      direct_ok = false  -- the rest of the batch queues behind this one
+      queued = queued + 1
+    end
     local look = deadline_at
     if nat > 0 and (look == 0 or now + nat < look) then look = now + nat end
     if look > 0 then redis.call('ZADD', KEYS[4], look, local_id) end
     if idem ~= '' then
       redis.call('SET', idem_key, task_id, 'PX', idem_ttl)
     end
-    emit(c, task_key, events_key, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
     out[#out + 1] = 'new'
     out[#out + 1] = task_id
   end
@@ -69,5 +139,17 @@ for i = 0, n - 1 do
     redis.call('XDEL', KEYS[3], entry)
   end
 end
-redis.call('PUBLISH', ARGV[5] .. 'wake', 'task ' .. ARGV[6])
+flush_feed(c)
+if queued > 0 then
+  redis.call('PUBLISH', ARGV[5] .. 'wake', 'task ' .. ARGV[6])
+end
+if direct > 0 then
+  redis.call('HINCRBY', KEYS[7], 'dispatched', direct)
+  redis.call('HINCRBY', KEYS[7], 'direct', direct)
+  -- The dispatchers keep each agent's exact inbox load: tell them what these tasks changed.
+  for agent, load in pairs(loads) do
+    redis.call('PUBLISH', ARGV[5] .. 'wake',
+      'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] .. ' ' .. load[2])
+  end
+end
 return out

@@ -1,0 +1,38 @@
+-- watch: read what a waiting producer needs of a task and, if it has not ended, register the
+-- wait, so that from now on the task's events are published on its channel (flag `w`) or its
+-- outcome is pushed to its done list (flag `d`). Registering and reading in one step leaves no
+-- gap in which the end could be missed.
+-- KEYS[1] task hash
+-- ARGV[1] 'outcome' (result waiters) or 'events' (event followers)   ARGV[2] the flag to set,
+-- 'd' or 'w'   ARGV[3] for 'events': return the events after this seq
+-- Returns {false} when the task does not exist, else for 'outcome' {state, result, reason,
+-- error} (result only once succeeded) and for 'events' {state, trace id, seq, task id, then
+-- the events after ARGV[3] as seq, text pairs (compact, see _lib.lua), at most 1000}.
+local key, flag = KEYS[1], ARGV[2]
+local f = redis.call('HMGET', key, 'state', flag, 'trace_id', 'seq', 'id')
+local state = f[1]
+if not state then return {false} end
+if not f[2] and state ~= 'succeeded' and state ~= 'failed' and state ~= 'canceled' then
+  redis.call('HSET', key, flag, '1')
+end
+if ARGV[1] == 'outcome' then
+  local o = redis.call('HMGET', key, 'reason', 'error')
+  local result = false
+  if state == 'succeeded' then result = redis.call('HGET', key, 'result') end
+  return {state, result, o[1], o[2]}
+end
+local after, seq = tonumber(ARGV[3]) or 0, tonumber(f[4]) or 0
+local out = {state, f[3] or '', seq, f[5] or ''}
+local last = math.min(seq, after + 1000)
+if last > after then
+  local names = {}
+  for s = after + 1, last do names[#names + 1] = 'e:' .. s end
+  local texts = redis.call('HMGET', key, unpack(names))
+  for i, text in ipairs(texts) do
+    if text then
+      out[#out + 1] = after + i
+      out[#out + 1] = text
+    end
+  end
+end
+return out
