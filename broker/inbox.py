@@ -36,20 +36,22 @@ def parse_lease(capability: str, entry_id: str, fields: dict[str, str] | None) -
 
 def parse_delivery(capability: str, entry_id: str,
                    fields: dict[str, str] | None) -> protocol.AcceptedTask | None:
-    """The task an inbox entry hands over, when the entry carries what starting it needs (see
-    deliver in lua/_lib.lua); None when it does not (the agent then accepts it first, which
-    reads the record) or is no valid delivery."""
+    """The task an inbox entry hands over, when the entry carries what starting it needs (`p`
+    and `x`, see deliver in lua/_lib.lua); None when it does not (the agent then accepts it
+    first, which reads the record) or is no valid delivery."""
     lease = parse_lease(capability, entry_id, fields)
     if lease is None or fields is None or "p" not in fields:
         return None
+    packed = fields.get("x", "").split("|", 6)
+    if len(packed) != 7:
+        return None
+    attempt, timeout_ms, deadline_at, max_attempts, trace_id, session_id, metadata = packed
     try:
         return protocol.AcceptedTask(
             entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
-            task_id=f"{capability}:{lease.local_id}", payload=fields["p"],
-            attempt=int(fields.get("a") or 1), timeout_ms=int(fields.get("t") or 0),
-            deadline_at_ms=int(fields.get("d") or 0), trace_id=fields.get("tr", ""),
-            session_id=fields.get("s", ""), metadata=fields.get("m", ""),
-            max_attempts=int(fields.get("ma") or 1),
+            task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=int(attempt),
+            timeout_ms=int(timeout_ms), deadline_at_ms=int(deadline_at), trace_id=trace_id,
+            session_id=session_id, metadata=metadata, max_attempts=int(max_attempts),
         )
     except ValueError:
         return None

@@ -34,8 +34,9 @@ cannot start with '_', so the two never collide).
     from the record's key (done_key in lua/_lib.lua).
 (3) Each entry carries the task's local id and fence, and what starting it needs (payload,
     attempt, timeout, ...) so the agent starts it as soon as it reads it.
-(4) `agent|most unread|round|score`, in weighted random order: while the ready queue is empty,
-    submit hands a task without routing constraints straight to the next grant's agent.
+(4) `agent|most unread|round|score|low`, in weighted random order: while the ready queue is
+    empty, submit hands a task without routing constraints straight to the next grant's agent
+    (`low`: a cold agent's grant, for low-priority tasks only).
 (5) Its field `events` holds the call's events, one `task id|seq|event` line each.
 
 Channels (pub/sub carries wake-ups only; every fact is also in a key):

@@ -150,6 +150,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
         capability,
         settings.no_agent_timeout_ms,
         ck.inbox(""),
+        settings.cold_start_max_priority,
     ]
     for r in requests:
         local = r.local_id
@@ -229,6 +230,11 @@ def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBa
 def parse_dispatch(reply: list[Any]) -> list[DispatchResult]:
     """One result per batch, in order."""
     return [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, len(reply), 6)]
+
+
+def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int) -> ScriptCall:
+    """Replace the capability's grants (`agent|most unread|round|score`, in order of use)."""
+    return ScriptCall("grant", [CapabilityKeys(settings.prefix, capability).grants], [ttl_ms, *grants])
 
 
 def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:

@@ -37,11 +37,13 @@ log = logging.getLogger("reach.dispatcher")
 INTAKE_BATCH = 200
 SWEEP_BATCH = 200
 INTAKE_CLAIM_IDLE_MS = 60_000
-ROUTING_FIELDS = ("priority", "session_id", "region", "routing", "last_agent_id", "state")
+ROUTING_FIELDS = ("session_id", "region", "routing", "last_agent_id")
 EXPLAIN_TTL_MS = 15 * 60 * 1000
 HOUSEKEEPING_S = 0.05
 DISPATCH_CALL_TASKS = 128
 """Most tasks one dispatch call hands off (a script blocks Redis while it runs)."""
+GRANT_TTL_TICKS = 3
+"""Grants stand this many idle ticks unless a dispatcher refreshes them (it does every tick)."""
 
 
 class CapabilityLoop:
@@ -64,6 +66,10 @@ class CapabilityLoop:
         self._rng = random.Random()
         self._snapshot_id = ""
         self._snapshot_at = 0.0
+        self._snapshot_seen: frozenset[str] = frozenset()
+        self._granted: list[str] = []
+        """The agents of the grants standing (sorted), as this dispatcher last wrote them."""
+        self._granted_until = 0.0
         self.dispatched = 0
         self.reroutes = 0
         self.total_reroutes = 0
@@ -298,23 +304,34 @@ class CapabilityLoop:
             self.note_load(agent_id, int(length) if isinstance(length, int) else 0, int(running))
 
     async def _ready_tasks(self, want: int) -> list[routing.ReadyTask]:
+        """The first `want` ready tasks. A plain task is known from its queue score alone (its
+        priority is in the score's fraction); the record is read only for tasks with routing
+        constraints (session, region, version, an agent to avoid)."""
         r = self.d.redis
-        ids = await r.zrange(self.keys.queue, 0, want - 1)
-        if not ids:
+        head = await r.zrange(self.keys.queue, 0, want - 1, withscores=True)
+        if not head:
             return []
-        pipe = r.pipeline(transaction=False)
-        for local_id in ids:
-            pipe.hmget(self.keys.task(local_id), ROUTING_FIELDS)
-        rows = await pipe.execute()
-        sessions = sorted({row[1] for row in rows if row[1]})
+        hints = [(local_id, *routing.decode_queue_score(score)) for local_id, score in head]
+        special = [local_id for local_id, _, constrained in hints if constrained]
+        rows: dict[str, list[Any]] = {}
         owners: dict[str, str | None] = {}
-        if sessions:
-            owners = dict(zip(sessions, await r.hmget(self.keys.sessions, sessions), strict=True))
+        if special:
+            pipe = r.pipeline(transaction=False)
+            for local_id in special:
+                pipe.hmget(self.keys.task(local_id), ROUTING_FIELDS)
+            rows = dict(zip(special, await pipe.execute(), strict=True))
+            sessions = sorted({row[0] for row in rows.values() if row[0]})
+            if sessions:
+                owners = dict(zip(sessions, await r.hmget(self.keys.sessions, sessions), strict=True))
         tasks = []
-        for local_id, (priority, session, region, extra, last_agent, _state) in zip(ids, rows, strict=True):
+        for local_id, priority, constrained in hints:
+            if not constrained:
+                tasks.append(routing.ReadyTask(local_id, priority))
+                continue
+            session, region, extra, last_agent = rows[local_id]
             options = _routing_options(extra)
             tasks.append(routing.ReadyTask(
-                local_id, int(priority or 5), session or "", region or "",
+                local_id, priority, session or "", region or "",
                 bool(options.get("region_strict", True)), str(options.get("version") or ""),
                 last_agent or "", (owners.get(session) or "") if session else ""))
         return tasks
@@ -323,16 +340,19 @@ class CapabilityLoop:
         settings = self.d.settings
         candidates, filtered = self.candidates()
         if not candidates:
+            await self._grant(None)
             return 0
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
         # Setting a round up costs time per agent; with many agents, take at least one task per
         # eligible agent so that cost is spread over as many decisions.
         want = min(round_.capacity, max(settings.dispatch_batch, len(round_.agents)))
-        if want <= 0:
-            return 0
-        tasks = await self._ready_tasks(want)
+        tasks = await self._ready_tasks(want) if want > 0 else []
+        # The queue is empty once these are routed: the room left is granted, so that the next
+        # tasks go to an agent without waiting for a round (see submit.lua).
+        grant_round = round_ if len(tasks) < want or want <= 0 else None
         if not tasks:
+            await self._grant(grant_round)
             return 0
         snapshot_id = await self._snapshot(round_)
         plan: dict[str, list[tuple[str, str]]] = {}
@@ -363,7 +383,33 @@ class CapabilityLoop:
         if dispatched and round_.reroutes:
             self.reroutes += dispatched  # routed past agents whose inbox was full
         await self._count()
+        if grant_round is not None:
+            await self._grant(grant_round)
         return progressed
+
+    async def _grant(self, round_: routing.RoutingRound | None) -> None:
+        """Leave the round's remaining room as grants, in weighted random order (or clear the
+        grants: no room, or no agent). A grant set no different from the one standing is not
+        written again until a third of its time to live has passed."""
+        settings = self.d.settings
+        grants: list[str] = []
+        if round_ is not None:
+            snapshot_id = await self._snapshot(round_)
+            by_id = {c.agent_id: c for c in round_.agents}
+            for choice, low_only in round_.grants(settings.dispatch_batch):
+                unread = routing.max_unread(by_id[choice.agent_id], settings)
+                grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
+                              f"{'1' if low_only else ''}")
+        shape = sorted(g.split("|", 1)[0] for g in grants)
+        now = time.monotonic()
+        if shape == self._granted and now < self._granted_until:
+            return
+        if not grants and not self._granted:
+            return
+        ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
+        await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms))
+        self._granted = shape
+        self._granted_until = now + ttl_ms / 3000
 
     async def _dispatch(self, batches: list[protocol.AgentBatch]) -> list[protocol.DispatchResult]:
         """Run a round's hand-offs: one dispatch call per DISPATCH_CALL_TASKS tasks (several
@@ -389,12 +435,15 @@ class CapabilityLoop:
         return out
 
     async def _snapshot(self, round_: routing.RoutingRound) -> str:
-        """Store what the round saw for `reach explain`, at most once a second."""
+        """Store what the round saw for `reach explain`: at most once a second while the
+        same agents serve the capability (and at once when they change)."""
         now = time.monotonic()
-        if self._snapshot_id and now - self._snapshot_at < 1.0:
+        seen = frozenset([*(c.agent_id for c in round_.agents), *round_.filtered])
+        if self._snapshot_id and now - self._snapshot_at < 1.0 and seen == self._snapshot_seen:
             return self._snapshot_id
         self._snapshot_id = f"{self.d.dispatcher_id}-{int(now * 1000)}"
         self._snapshot_at = now
+        self._snapshot_seen = seen
         await self.d.redis.set(self.keys.explain(self._snapshot_id), codec.dumps(round_.snapshot()),
                                px=EXPLAIN_TTL_MS)
         return self._snapshot_id

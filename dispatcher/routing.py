@@ -118,6 +118,14 @@ class Choice:
     eligible: int
 
 
+def decode_queue_score(score: float) -> tuple[int, bool]:
+    """(priority, has routing constraints) of a ready task, from the fraction of its queue
+    score (see queue_score in broker/lua/_lib.lua: (priority + 1) / 16, plus 1/32 when the task
+    has a session, a region, a version or an agent to avoid)."""
+    steps = round((score - math.floor(score)) * 32)
+    return max(0, min(9, steps // 2 - 1)), bool(steps % 2)
+
+
 def max_unread(candidate: Candidate, settings: Settings) -> int:
     return settings.backlog_factor * candidate.max_concurrency
 
@@ -336,6 +344,27 @@ class RoutingRound:
         if task.last_agent_id and self.agents[picked].agent_id == task.last_agent_id:
             picked = self._avoid(pool, picked)
         return self._take(picked, why, pool.positive)
+
+    def grants(self, limit: int) -> list[tuple[Choice, bool]]:
+        """Up to `limit` inbox slots for tasks without constraints, in the order weighted
+        random choice would fill them (each taken like a choice: its agent's room and score
+        drop), each with whether it is for low-priority tasks only (its agent is cold). An
+        agent allowed one probe gets the first slots, one each (the probe is out once granted,
+        so the next task is the probe). A grant is a promise, not a delivery: the agents' loads
+        are left as they were."""
+        loads = [c.load.outstanding for c in self.agents]
+        out: list[tuple[Choice, bool]] = []
+        for i, probe in enumerate(self.probe_only):
+            if probe and self.rooms[i] > 0 and len(out) < limit:
+                out.append((self._take(i, "grant", self.all_pool.positive), self.cold[i]))
+        while len(out) < limit:
+            picked = self.all_pool.sample(self.rng)
+            if picked is None:
+                break
+            out.append((self._take(picked, "grant", self.all_pool.positive), self.cold[picked]))
+        for c, outstanding in zip(self.agents, loads, strict=True):
+            c.load.outstanding = outstanding
+        return out
 
     def _choose_constrained(self, task: ReadyTask, low_priority: bool) -> Choice | None:
         fits = [i for i in range(len(self.agents)) if self.rooms[i] > 0 and self._fits(i, task)]

@@ -75,19 +75,48 @@ end
 
 -- Add an event to the task (staged with its other changes), publish it if someone watches the
 -- task, and queue a line for the capability's feed (written once per call by flush_feed).
+local add_event
 local function event(c, t, etype, agent, now, data)
-  local seq = (tonumber(t.seq) or 0) + 1
-  t.seq = seq
+  t.seq = add_event(t._set, c, t.id or '', tonumber(t.seq) or 0, jint(t.attempt), t.w, etype, agent,
+    jint(now), data or '{}')
   t._seq_dirty = true
-  local text = etype .. '|' .. jint(now) .. '|' .. jint(t.attempt) .. '|' .. (agent or '') .. '|' ..
-    (data or '{}')
-  set(t, 'e:' .. seq, text)
-  if t.w == '1' then
-    redis.call('PUBLISH', c.chan .. 'ev:' .. (t.id or ''), seq .. '|' .. text)
+end
+
+-- The same as event(), for the hot paths (submit, dispatch, complete), which build the HSET
+-- arguments of a task's change in a plain list `h` instead of a task table: appends event
+-- seq+1's fields to `h` and returns seq+1. `now_s`: the time as text; `attempt`: as text.
+function add_event(h, c, id, seq, attempt, w, etype, agent, now_s, data)
+  seq = seq + 1
+  local text = etype .. '|' .. now_s .. '|' .. attempt .. '|' .. (agent or '') .. '|' .. data
+  local n = #h
+  h[n + 1] = 'e:' .. seq
+  h[n + 2] = text
+  if w == '1' then
+    redis.call('PUBLISH', c.chan .. 'ev:' .. id, seq .. '|' .. text)
   end
   if c.feed_maxlen > 0 then
-    c.lines[#c.lines + 1] = (t.id or '') .. '|' .. seq .. '|' .. text
+    c.lines[#c.lines + 1] = id .. '|' .. seq .. '|' .. text
   end
+  return seq
+end
+
+-- A ready task's score in the queue: when it became ready minus priority x aging_ms (higher
+-- priority first, and a waiting task gains a level per aging_ms with no rescoring), plus a
+-- fraction that carries its priority and whether it has routing constraints (a session, a
+-- region, a version, an agent to avoid), so that ZRANGE WITHSCORES is all a dispatcher reads of
+-- a plain task (decode_queue_score in dispatcher/routing.py). Scores are whole milliseconds,
+-- far below 2^52, so the fraction survives in a double. (Returned as text: Lua would print the
+-- number with 14 significant digits, which loses the fraction.)
+local function queue_score(now, priority, aging, has_constraints)
+  local frac = (priority + 1) / 16
+  if has_constraints then frac = frac + 1 / 32 end
+  return string.format('%.5f', now - priority * aging + frac)
+end
+
+-- Whether a task (its session_id, region, routing, last_agent_id fields) has routing constraints.
+local function constrained(session, region, routing, last_agent)
+  return (session and session ~= '') or (region and region ~= '') or (routing and routing ~= '')
+    or (last_agent and last_agent ~= '') or false
 end
 
 -- One feed entry per call, holding every event the call made (one line each).
@@ -111,10 +140,10 @@ end
 -- A task reached a terminal state (its changes saved): keep the record for the result TTL, and
 -- wake the waiters that registered by pushing the outcome (JSON) to its done list, which they
 -- block on with BLMOVE done done (that wakes every waiter and leaves the list as it was).
-local function finish(c, t, outcome)
-  redis.call('PEXPIRE', t._key, c.ttl)
-  if t.d == '1' then
-    local done = done_key(t._key)
+local function finish(c, key, d, outcome)
+  redis.call('PEXPIRE', key, c.ttl)
+  if d == '1' then
+    local done = done_key(key)
     redis.call('DEL', done)
     redis.call('RPUSH', done, outcome)
     redis.call('PEXPIRE', done, math.min(c.ttl, DONE_TTL_MS))
@@ -163,7 +192,7 @@ local function fail_task(c, t, dlq_key, reason, err, agent, now)
     'attempts', record['attempt'] or '0', 'last_agent_id', agent or record['agent_id'] or '',
     'dead_at', jint(now), 'record', cjson.encode(record),
     'history', '[' .. table.concat(history, ',') .. ']')
-  finish(c, t, ended_outcome('failed', reason, err))
+  finish(c, t._key, t.d, ended_outcome('failed', reason, err))
 end
 
 -- Unread entries of an agent's inbox: everything in it minus what the agent already holds.
@@ -178,35 +207,44 @@ local function inbox_load(inbox)
   return len, pending
 end
 
--- The fields an inbox entry carries besides the task's id and fence, so that the agent can
--- start the task as soon as it reads the entry (payloads over this size are left out: the
--- agent then reads the task record when it accepts the task).
+-- What an inbox entry carries besides the task's local id and fence, so that the agent can
+-- start the task as soon as it reads it: `p` the payload and `x` the rest, packed as
+-- `attempt|timeout ms|deadline at|max attempts|trace id|session id|metadata` (metadata last: it
+-- may hold '|'). A payload over INBOX_PAYLOAD_MAX is left out: the agent then accepts the task
+-- first, which reads it from the record.
 local INBOX_PAYLOAD_MAX = 16384
-local DELIVERY_FIELDS = {'payload', 'timeout_ms', 'deadline_at', 'trace_id', 'session_id',
-                         'metadata', 'max_attempts'}
+-- The record fields deliver() needs, as HMGET reads them (DELIVERY_AT: where they start).
+local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadline_at', 'payload',
+                         'timeout_ms', 'trace_id', 'session_id', 'metadata', 'max_attempts'}
 
--- Hand a task (loaded with DELIVERY_FIELDS, state, fence) to an agent's inbox as a new delivery.
--- The record keeps the entry's id (`entry`), so a cancel can take an unread entry back.
-local function deliver(c, t, inbox, agent, local_id, now, why, extra)
-  local fence = (tonumber(t.fence) or 0) + 1
-  local payload = t.payload or ''
+-- Hand a task to an agent's inbox as a new delivery: `f` is its record's DELIVERY_FIELDS (as
+-- HMGET returned them), `h` the HSET arguments of the change so far (deliver adds its own and
+-- writes them). The record keeps the entry's id (`entry`), so a cancel can take an unread entry
+-- back. Returns the new fence.
+local function deliver(c, task_key, f, h, inbox, agent, local_id, now_s, why, extra)
+  local fence = (tonumber(f[2]) or 0) + 1
+  local attempt = f[4] or '0'
+  local payload = f[8] or ''
   local entry
   if #payload <= INBOX_PAYLOAD_MAX then
     entry = redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence, 'p', payload,
-      'a', (tonumber(t.attempt) or 0) + 1, 't', t.timeout_ms or '0', 'd', t.deadline_at or '0',
-      'tr', t.trace_id or '', 's', t.session_id or '', 'm', t.metadata or '',
-      'ma', t.max_attempts or '1')
+      'x', (tonumber(attempt) + 1) .. '|' .. (f[9] or '0') .. '|' .. (f[7] or '0') .. '|' ..
+      (f[13] or '1') .. '|' .. (f[10] or '') .. '|' .. (f[11] or '') .. '|' .. (f[12] or ''))
   else
     entry = redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence)
   end
-  set(t, 'state', 'dispatched')
-  set(t, 'agent_id', agent)
-  set(t, 'dispatched_at', jint(now))
-  set(t, 'fence', fence)
-  set(t, 'entry', entry)
-  if why and why ~= '' then set(t, 'explain', why) end
-  event(c, t, 'dispatched', agent, now, '{"fence":' .. fence .. (extra or '') .. '}')
-  save(t)
+  local n = #h
+  h[n + 1] = 'state'; h[n + 2] = 'dispatched'; h[n + 3] = 'agent_id'; h[n + 4] = agent
+  h[n + 5] = 'dispatched_at'; h[n + 6] = now_s; h[n + 7] = 'fence'; h[n + 8] = fence
+  h[n + 9] = 'entry'; h[n + 10] = entry
+  if why and why ~= '' then
+    h[n + 11] = 'explain'; h[n + 12] = why
+  end
+  local seq = add_event(h, c, f[6], tonumber(f[3]) or 0, attempt, f[5], 'dispatched', agent, now_s,
+    '{"fence":' .. fence .. (extra or '') .. '}')
+  n = #h
+  h[n + 1] = 'seq'; h[n + 2] = seq
+  redis.call('HSET', task_key, unpack(h))
   return fence
 end
 

@@ -37,6 +37,6 @@ save(t)
 if (state == 'dispatched' or state == 'running') and agent ~= '' then
   redis.call('PUBLISH', ARGV[3] .. 'ctl:' .. agent, 'cancel ' .. t.id)
 end
-finish(c, t, ended_outcome('canceled', 'canceled', nil))
+finish(c, t._key, t.d, ended_outcome('canceled', 'canceled', nil))
 flush_feed(c)
 return {'canceled', state}

@@ -24,6 +24,7 @@ if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'REFUSED'} 
 local n = #KEYS - 6
 local health, ceiling = KEYS[6], tonumber(ARGV[7])
 local now = now_ms()
+local now_s = jint(now)
 local token_sha = nil
 local statuses = {}
 local entries = {}
@@ -32,61 +33,75 @@ local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their exe
 -- likewise slow tasks.
 local succeeded, failures, failed_any = false, 0, false
 local slow_reset, slow, slow_any = false, 0, false
-local names = {'state', 'fence', 'agent_id', 'max_attempts', 'dispatched_at'}
 
 for i = 0, n - 1 do
   local a = 8 + 6 * i
   local entry, fence, outcome, body = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  local backoff, exec_ms = tonumber(ARGV[a + 4]), ARGV[a + 5]
-  entries[#entries + 1] = entry
-  local t = load_task(KEYS[7 + i], names)
-  local mine = t.fence == fence and t.agent_id == agent
+  local exec_ms = ARGV[a + 5]
+  local task_key = KEYS[7 + i]
+  entries[i + 1] = entry
+  local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'attempt', 'max_attempts',
+    'seq', 'w', 'd', 'id', 'dispatched_at')
+  local state = f[1]
+  local mine = f[2] == fence and f[3] == agent
   local status
-  if not t.state then
+  if not state then
     status = 'gone'
-  elseif mine and t.state == 'canceled' then
+  elseif mine and state == 'canceled' then
     status = 'canceled'
-  elseif mine and t.state ~= 'running' and t.state ~= 'dispatched' then
+  elseif mine and state ~= 'running' and state ~= 'dispatched' then
     -- This very report was applied already (the call was retried after a lost reply). Every
     -- hand-over to another attempt (dispatch, reclaim) moves the fence, so this is not a late one.
     status = 'dup'
-  elseif mine and t.state == 'dispatched' then
-    token_sha = token_sha or redis.sha1hex(ARGV[2])
-    local started_at = math.max(now - (tonumber(exec_ms) or 0), tonumber(t.dispatched_at) or 0)
-    start_attempt(c, t, agent, token_sha, started_at)
-  end
-  if status then
-    -- decided above
-  elseif t.state ~= 'running' or not mine then
+  elseif not mine or (state ~= 'running' and state ~= 'dispatched') then
+    local t = load_task(task_key, {'fence'})
     event(c, t, 'late_result_rejected', agent, now,
       '{"fence":' .. jint(fence) .. ',"current_fence":' .. jint(t.fence) .. ',"outcome":' .. jstr(outcome) .. '}')
     save(t)
     status = 'stale'
-  elseif outcome == 'success' then
-    set(t, 'state', 'succeeded')
-    set(t, 'result', body)
-    set(t, 'finished_at', jint(now))
-    set(t, 'exec_ms', exec_ms)
-    set(t, 'reason', '')
-    set(t, 'error', '')
-    event(c, t, 'succeeded', agent, now, '{"exec_ms":' .. jint(exec_ms) .. '}')
-    save(t)
-    finish(c, t, succeeded_outcome(body))
-    status = 'ok'
-  elseif outcome == 'retryable_failure' and tonumber(t.attempt) < tonumber(t.max_attempts) then
-    set(t, 'state', 'retrying')
-    set(t, 'error', body)
-    set(t, 'last_agent_id', agent)
-    event(c, t, 'retry_scheduled', agent, now,
-      '{"delay_ms":' .. jint(backoff) .. ',"error":' .. jstr(body) .. '}')
-    save(t)
-    redis.call('ZADD', KEYS[2], now + backoff, string.match(t.id, ':(.*)$'))
-    status = 'retry'
   else
-    local reason = outcome
-    if outcome == 'retryable_failure' then reason = 'retries_exhausted' end
-    fail_task(c, t, KEYS[3], reason, body, agent, now)
-    status = 'failed'
+    local h = {}
+    local seq, attempt = tonumber(f[6]) or 0, tonumber(f[4]) or 0
+    if state == 'dispatched' then
+      token_sha = token_sha or redis.sha1hex(ARGV[2])
+      local started_s = jint(math.max(now - (tonumber(exec_ms) or 0), tonumber(f[10]) or 0))
+      attempt = attempt + 1
+      h = {'attempt', attempt, 'state', 'running', 'started_at', started_s, 'accepted_by', token_sha}
+      seq = add_event(h, c, f[9], seq, attempt, f[7], 'accepted', agent, started_s, '{}')
+    end
+    local k = #h
+    if outcome == 'success' then
+      h[k + 1] = 'state'; h[k + 2] = 'succeeded'; h[k + 3] = 'result'; h[k + 4] = body
+      h[k + 5] = 'finished_at'; h[k + 6] = now_s; h[k + 7] = 'exec_ms'; h[k + 8] = exec_ms
+      h[k + 9] = 'reason'; h[k + 10] = ''; h[k + 11] = 'error'; h[k + 12] = ''
+      seq = add_event(h, c, f[9], seq, attempt, f[7], 'succeeded', agent, now_s,
+        '{"exec_ms":' .. jint(exec_ms) .. '}')
+      k = #h
+      h[k + 1] = 'seq'; h[k + 2] = seq
+      redis.call('HSET', task_key, unpack(h))
+      finish(c, task_key, f[8], succeeded_outcome(body))
+      status = 'ok'
+    elseif outcome == 'retryable_failure' and attempt < (tonumber(f[5]) or 1) then
+      local backoff = tonumber(ARGV[a + 4])
+      h[k + 1] = 'state'; h[k + 2] = 'retrying'; h[k + 3] = 'error'; h[k + 4] = body
+      h[k + 5] = 'last_agent_id'; h[k + 6] = agent
+      seq = add_event(h, c, f[9], seq, attempt, f[7], 'retry_scheduled', agent, now_s,
+        '{"delay_ms":' .. jint(backoff) .. ',"error":' .. jstr(body) .. '}')
+      k = #h
+      h[k + 1] = 'seq'; h[k + 2] = seq
+      redis.call('HSET', task_key, unpack(h))
+      redis.call('ZADD', KEYS[2], now + backoff, string.match(f[9], ':(.*)$'))
+      status = 'retry'
+    else
+      if k > 0 then
+        h[k + 1] = 'seq'; h[k + 2] = seq
+        redis.call('HSET', task_key, unpack(h))  -- (the start, recorded first)
+      end
+      local reason = outcome
+      if outcome == 'retryable_failure' then reason = 'retries_exhausted' end
+      fail_task(c, load_task(task_key, {'state'}), KEYS[3], reason, body, agent, now)
+      status = 'failed'
+    end
   end
   if status == 'ok' then
     succeeded, failures = true, 0
@@ -104,7 +119,7 @@ for i = 0, n - 1 do
       end
     end
   end
-  statuses[#statuses + 1] = status
+  statuses[i + 1] = status
 end
 
 if n > 0 then
@@ -115,19 +130,19 @@ end
 local cf
 if succeeded then
   cf = failures
-  redis.call('HSET', health, 'cf:' .. agent, failures, 'ok:' .. agent, jint(now))
+  redis.call('HSET', health, 'cf:' .. agent, failures, 'ok:' .. agent, now_s)
 elseif failures > 0 then
   cf = redis.call('HINCRBY', health, 'cf:' .. agent, failures)
 else
   cf = redis.call('HGET', health, 'cf:' .. agent) or '0'
 end
-if failed_any then redis.call('HSET', health, 'lf:' .. agent, jint(now)) end
+if failed_any then redis.call('HSET', health, 'lf:' .. agent, now_s) end
 if slow_reset then
   redis.call('HSET', health, 'cs:' .. agent, slow)
 elseif slow > 0 then
   redis.call('HINCRBY', health, 'cs:' .. agent, slow)
 end
-if slow_any then redis.call('HSET', health, 'ls:' .. agent, jint(now)) end
+if slow_any then redis.call('HSET', health, 'ls:' .. agent, now_s) end
 flush_feed(c)
 
 local len, pending = inbox_load(inbox)

@@ -6,7 +6,7 @@
 -- then KEYS[8..7+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
 -- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
 -- then for agent j, 3 values: agent id, most unread entries its inbox may hold, its task count
--- then for each task, agent by agent, 2 values: its local id, why this agent (JSON, kept in the
+-- then for each task, agent by agent, 2 values: its local id, why this agent (kept in the
 -- record for `reach explain`; '' for none)
 -- A task another dispatcher already took (no longer in the queue) is skipped; a task past its
 -- deadline fails with reason `expired` instead of being delivered. Tasks left when an inbox is
@@ -17,11 +17,10 @@
 local c = context(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 local agents = tonumber(ARGV[4])
 local now = now_ms()
+local now_s = jint(now)
 local out = {}
 local total = 0
 local task_i = 0  -- tasks handled so far (their keys follow the inboxes)
-local fields = {'state', 'fence', 'deadline_at'}
-for _, f in ipairs(DELIVERY_FIELDS) do fields[#fields + 1] = f end
 
 for j = 0, agents - 1 do
   local inbox = KEYS[8 + j]
@@ -42,7 +41,7 @@ for j = 0, agents - 1 do
     for i = first, first + count - 1 do
       local task_key = KEYS[8 + agents + i]
       local a = 5 + 3 * agents + 2 * i
-      local local_id, why = ARGV[a], ARGV[a + 1]
+      local local_id = ARGV[a]
       if len - pending >= max_unread then
         left = first + count - i
         break
@@ -50,16 +49,17 @@ for j = 0, agents - 1 do
       if redis.call('ZREM', KEYS[1], local_id) == 0 then
         taken = taken + 1
       else
-        local t = load_task(task_key, fields)
-        local deadline = tonumber(t.deadline_at) or 0
-        if t.state ~= 'queued' then
+        local f = redis.call('HMGET', task_key, unpack(DELIVERY_FIELDS))
+        local deadline = tonumber(f[7]) or 0
+        if f[1] ~= 'queued' then
           taken = taken + 1
         elseif deadline > 0 and now >= deadline then
-          fail_task(c, t, KEYS[3], 'expired', 'deadline passed while queued', nil, now)
+          fail_task(c, load_task(task_key, {'state'}), KEYS[3], 'expired',
+            'deadline passed while queued', nil, now)
           expired = expired + 1
         else
-          deliver(c, t, inbox, agent, local_id, now, why)
-          if t.session_id and t.session_id ~= '' then redis.call('HSET', KEYS[6], t.session_id, agent) end
+          deliver(c, task_key, f, {}, inbox, agent, local_id, now_s, ARGV[a + 1])
+          if f[11] and f[11] ~= '' then redis.call('HSET', KEYS[6], f[11], agent) end
           len = len + 1
           dispatched = dispatched + 1
         end

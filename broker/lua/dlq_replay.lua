@@ -101,7 +101,8 @@ for i = 0, n - 1 do
       end
       redis.call('PERSIST', task_key)
       redis.call('DEL', done_key(task_key))
-      local t = load_task(task_key, {'priority', 'deadline_at', 'created_at'})
+      local t = load_task(task_key, {'priority', 'deadline_at', 'created_at', 'session_id', 'region',
+        'routing', 'last_agent_id'})
       local priority = tonumber(ARGV[6]) or tonumber(t.priority) or 5
       local deadline_at = tonumber(t.deadline_at) or 0
       if deadline_at > 0 then
@@ -126,7 +127,8 @@ for i = 0, n - 1 do
         ',"priority":' .. jint(priority) .. '}')
       event(c, t, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
       save(t)
-      redis.call('ZADD', queue, now - priority * aging, local_id)
+      redis.call('ZADD', queue, queue_score(now, priority, aging,
+        constrained(t.session_id, t.region, t.routing, t.last_agent_id)), local_id)
       if deadline_at > 0 then
         redis.call('ZADD', KEYS[4], deadline_at, local_id)
       else

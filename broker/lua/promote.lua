@@ -15,13 +15,14 @@ for i = 0, n - 1 do
   local due = tonumber(redis.call('ZSCORE', KEYS[1], local_id))
   if due and due <= now then
     redis.call('ZREM', KEYS[1], local_id)
-    local t = load_task(KEYS[4 + i], {'state', 'priority'})
+    local t = load_task(KEYS[4 + i], {'state', 'priority', 'session_id', 'region', 'routing', 'last_agent_id'})
     if t.state == 'retrying' or t.state == 'delayed' then
       set(t, 'state', 'queued')
       set(t, 'queued_at', jint(now))
       event(c, t, 'queued', nil, now, '{"priority":' .. jint(t.priority) .. '}')
       save(t)
-      redis.call('ZADD', KEYS[2], now - (tonumber(t.priority) or 5) * aging, local_id)
+      redis.call('ZADD', KEYS[2], queue_score(now, tonumber(t.priority) or 5, aging,
+        constrained(t.session_id, t.region, t.routing, t.last_agent_id)), local_id)
       promoted = promoted + 1
     end
   end

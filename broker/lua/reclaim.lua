@@ -46,7 +46,9 @@ for i = 0, n - 1 do
         set(t, 'last_agent_id', agent)
         event(c, t, 'queued', nil, now, '{"priority":' .. jint(t.priority) .. '}')
         save(t)
-        redis.call('ZADD', KEYS[2], now - (tonumber(t.priority) or 5) * aging, string.match(t.id, ':(.*)$'))
+        -- (constrained: the next attempt avoids this agent when another can take it)
+        redis.call('ZADD', KEYS[2], queue_score(now, tonumber(t.priority) or 5, aging, true),
+          string.match(t.id, ':(.*)$'))
         requeued = requeued + 1
       end
     else

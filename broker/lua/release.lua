@@ -18,7 +18,8 @@ for i = 0, n - 1 do
   local pending = redis.call('XPENDING', inbox, 'agents', entry, entry, 1)
   if #pending == 0 and #redis.call('XRANGE', inbox, entry, entry) == 1 then
     redis.call('XDEL', inbox, entry)
-    local t = load_task(KEYS[4 + i], {'state', 'fence', 'agent_id', 'priority'})
+    local t = load_task(KEYS[4 + i], {'state', 'fence', 'agent_id', 'priority', 'session_id', 'region',
+      'routing', 'last_agent_id'})
     if t.state == 'dispatched' and t.fence == fence and t.agent_id == agent then
       set(t, 'fence', (tonumber(t.fence) or 0) + 1)
       set(t, 'state', 'queued')
@@ -27,7 +28,8 @@ for i = 0, n - 1 do
       event(c, t, 'reclaimed', agent, now, '{"reason":' .. jstr(ARGV[6]) .. ',"read":false}')
       event(c, t, 'queued', nil, now, '{"priority":' .. jint(t.priority) .. '}')
       save(t)
-      redis.call('ZADD', KEYS[2], now - (tonumber(t.priority) or 5) * aging, string.match(t.id, ':(.*)$'))
+      redis.call('ZADD', KEYS[2], queue_score(now, tonumber(t.priority) or 5, aging,
+        constrained(t.session_id, t.region, t.routing, t.last_agent_id)), string.match(t.id, ':(.*)$'))
       released = released + 1
     end
   end

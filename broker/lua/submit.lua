@@ -6,7 +6,8 @@
 -- ARGV[1] max queue depth     ARGV[2] aging ms                 ARGV[3] idempotency ttl ms
 -- ARGV[4] feed maxlen         ARGV[5] channel prefix ("<prefix>:")   ARGV[6] capability
 -- ARGV[7] no-agent timeout ms (0: off)   ARGV[8] inbox key prefix ("<capability base>:inbox:")
--- then for task i: 15 fields from ARGV[9+15i]: task id, local id, payload, priority, session id,
+-- ARGV[9] the highest priority a grant for low-priority tasks only may take (cold_start_max_priority)
+-- then for task i: 15 fields from ARGV[10+15i]: task id, local id, payload, priority, session id,
 --   region, idempotency key, timeout ms, deadline ms (0: none), trace id, metadata JSON,
 --   max attempts, routing JSON, intake entry id (entries taken from the intake stream are
 --   acknowledged and deleted in the same step, so a crash never creates a task twice), and
@@ -15,11 +16,14 @@
 -- Direct hand-off ("sync match", as Temporal's matching service calls it): while nothing waits
 -- in the ready queue, a task without routing constraints goes straight to an agent's inbox,
 -- taking the next grant a dispatcher left in the grants list. A grant is `agent|most unread
--- entries|round|score`: the dispatcher orders grants by weighted random choice over the agents'
--- scores and gives an agent no more than its room, so this is the dispatcher's own decision,
--- taken ahead of time. The grant is checked here (token, not draining, inbox below its limit)
--- and skipped when stale; the list expires unless a dispatcher keeps refreshing it. The inbox's
--- key is the only key a script builds: it is `ARGV[8] .. agent`, in this capability's slot.
+-- entries|round|score|low`: the dispatcher orders grants by weighted random choice over the
+-- agents' scores and gives an agent no more than its room, so this is the dispatcher's own
+-- decision, taken ahead of time. `low` is '1' for a grant of a cold agent (recovered lately),
+-- which only a low-priority task may take; a task of higher priority puts it back at the end.
+-- The grant is checked here (token, not draining, inbox below its limit) and skipped when
+-- stale; the list expires unless a dispatcher keeps refreshing it. The inbox's key is built
+-- from data (the other derived name, with done_key): `ARGV[8] .. agent`, in this capability's
+-- slot.
 --
 -- Returns {'FULL', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
@@ -31,6 +35,7 @@ local idem_ttl = tonumber(ARGV[3])
 local n = (#KEYS - 7) / 2
 local nat = tonumber(ARGV[7])
 local inbox_prefix = ARGV[8]
+local low_max = tonumber(ARGV[9])
 
 local depth = redis.call('ZCARD', queue)
 if depth + n > max_depth then
@@ -39,14 +44,17 @@ end
 -- Tasks go straight to agents only while the queue is empty, so none passes a waiting one.
 local direct_ok = depth == 0 and redis.call('LLEN', grants) > 0
 
--- The agent of the next usable grant: {agent, inbox, round, score} or nil.
+-- The agent of the next grant a task of this priority may use: {agent, inbox, round, score,
+-- inbox length, inbox pending} or nil.
 local loads = {}
-local function next_grant()
+local function next_grant(priority)
   for _ = 1, 4 do
     local grant = redis.call('LPOP', grants)
     if not grant then return nil end
-    local agent, most, round, score = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)$')
-    if agent then
+    local agent, most, round, score, low = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
+    if agent and low == '1' and priority > low_max then
+      redis.call('RPUSH', grants, grant)  -- for a low-priority task that comes later
+    elseif agent then
       local tk = redis.call('HMGET', tokens, agent, 'draining:' .. agent)
       local inbox = inbox_prefix .. agent
       if tk[1] and not tk[2] and redis.call('EXISTS', inbox) == 1 then
@@ -61,11 +69,12 @@ local function next_grant()
 end
 
 local now = now_ms()
+local now_s = jint(now)
 local out = {}
 local queued, direct = 0, 0
 for i = 0, n - 1 do
   local task_key, idem_key = KEYS[8 + 2 * i], KEYS[9 + 2 * i]
-  local a = 9 + 15 * i
+  local a = 10 + 15 * i
   local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
   local entry = ARGV[a + 13]
   local existing = false
@@ -82,50 +91,43 @@ for i = 0, n - 1 do
   else
     local priority = tonumber(ARGV[a + 3])
     local deadline_ms = tonumber(ARGV[a + 8])
-    local deadline_at = 0
-    if deadline_ms > 0 then deadline_at = now + deadline_ms end
-    local t = {_key = task_key, _set = {}, id = task_id, seq = 0, attempt = '0', fence = '0',
-               w = false, d = false, payload = ARGV[a + 2],
-               timeout_ms = ARGV[a + 7], deadline_at = jint(deadline_at), trace_id = ARGV[a + 9],
-               session_id = ARGV[a + 4], metadata = ARGV[a + 10], max_attempts = ARGV[a + 11]}
-    set(t, 'v', '2')
-    set(t, 'id', task_id)
-    set(t, 'cap', ARGV[6])
-    set(t, 'payload', ARGV[a + 2])
-    set(t, 'priority', ARGV[a + 3])
+    local deadline_at = '0'
+    if deadline_ms > 0 then deadline_at = jint(now + deadline_ms) end
+    local h = {'v', '2', 'id', task_id, 'cap', ARGV[6], 'payload', ARGV[a + 2],
+               'priority', ARGV[a + 3], 'timeout_ms', ARGV[a + 7], 'deadline_at', deadline_at,
+               'trace_id', ARGV[a + 9], 'max_attempts', ARGV[a + 11], 'attempt', '0',
+               'fence', '0', 'created_at', now_s, 'queued_at', now_s}
     -- (empty options are left out of the record: a missing field reads as empty)
-    for _, f in ipairs({{'session_id', a + 4}, {'region', a + 5}, {'idempotency_key', a + 6},
-                        {'metadata', a + 10}, {'routing', a + 12}}) do
-      if ARGV[f[2]] ~= '' then set(t, f[1], ARGV[f[2]]) end
-    end
-    set(t, 'timeout_ms', ARGV[a + 7])
-    set(t, 'deadline_at', jint(deadline_at))
-    set(t, 'trace_id', ARGV[a + 9])
-    set(t, 'max_attempts', ARGV[a + 11])
-    set(t, 'attempt', '0')
-    set(t, 'fence', '0')
-    set(t, 'created_at', jint(now))
-    set(t, 'queued_at', jint(now))
-    if ARGV[a + 14] == '1' then set(t, 'd', '1') end
-    event(c, t, 'queued', nil, now, '{"priority":' .. jint(priority) .. '}')
+    if ARGV[a + 4] ~= '' then h[#h + 1] = 'session_id'; h[#h + 1] = ARGV[a + 4] end
+    if ARGV[a + 5] ~= '' then h[#h + 1] = 'region'; h[#h + 1] = ARGV[a + 5] end
+    if idem ~= '' then h[#h + 1] = 'idempotency_key'; h[#h + 1] = idem end
+    if ARGV[a + 10] ~= '' then h[#h + 1] = 'metadata'; h[#h + 1] = ARGV[a + 10] end
+    if ARGV[a + 12] ~= '' then h[#h + 1] = 'routing'; h[#h + 1] = ARGV[a + 12] end
+    if ARGV[a + 14] == '1' then h[#h + 1] = 'd'; h[#h + 1] = '1' end
+    local seq = add_event(h, c, task_id, 0, '0', false, 'queued', nil, now_s,
+      '{"priority":' .. jint(priority) .. '}')
     local grant = nil
     if direct_ok and ARGV[a + 4] == '' and ARGV[a + 5] == '' and ARGV[a + 12] == '' then
-      grant = next_grant()
+      grant = next_grant(priority)
     end
     if grant then
       local why = '{"round":' .. jstr(grant[3]) .. ',"why":"grant","score":' ..
-        (tonumber(grant[4]) and grant[4] or 'null') .. ',"eligible":null,"at":' .. jint(now) .. '}'
-      deliver(c, t, grant[2], grant[1], local_id, now, why, ',"direct":true')
+        (tonumber(grant[4]) and grant[4] or 'null') .. ',"eligible":null,"at":' .. now_s .. '}'
+      -- (the record as deliver() reads it: DELIVERY_FIELDS)
+      local f = {'queued', '0', seq, '0', false, task_id, deadline_at, ARGV[a + 2], ARGV[a + 7],
+                 ARGV[a + 9], ARGV[a + 4], ARGV[a + 10], ARGV[a + 11]}
+      deliver(c, task_key, f, h, grant[2], grant[1], local_id, now_s, why, ',"direct":true')
       loads[grant[1]] = {grant[5] + 1, grant[6]}
       direct = direct + 1
     else
-      set(t, 'state', 'queued')
-      save(t)
-      redis.call('ZADD', queue, now - priority * aging, local_id)
+      h[#h + 1] = 'state'; h[#h + 1] = 'queued'; h[#h + 1] = 'seq'; h[#h + 1] = seq
+      redis.call('HSET', task_key, unpack(h))
+      redis.call('ZADD', queue, queue_score(now, priority, aging,
+        constrained(ARGV[a + 4], ARGV[a + 5], ARGV[a + 12], nil)), local_id)
       direct_ok = false  -- the rest of the batch queues behind this one
       queued = queued + 1
     end
-    local look = deadline_at
+    local look = tonumber(deadline_at)
     if nat > 0 and (look == 0 or now + nat < look) then look = now + nat end
     if look > 0 then redis.call('ZADD', KEYS[4], look, local_id) end
     if idem ~= '' then
