@@ -129,6 +129,12 @@ class Worker:
         self._completions: dict[str, list[protocol.Completion]] = {}
         self._unrecorded: dict[str, list[Running]] = {}
         """Tasks started from their inbox entry whose start is not recorded yet."""
+        self._freed = 0
+        """Slots of ended tasks kept for the flusher, which reads the next entries with the
+        report of those tasks (one round trip for both; only with one capability)."""
+        self._recover: set[str] = set(self.bindings)
+        """Capabilities whose inbox may hold entries delivered to this agent id that no one
+        runs (at start, and after a lost connection): the reader looks there first."""
         self._signals = 0
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -142,6 +148,7 @@ class Worker:
         self._reregister = asyncio.Event()
         self._redis: Any = connection.async_client(self.settings)
         self._scripts = AsyncScripts(self._redis)
+        self._piggyback = len(self.bindings) == 1 and not connection.is_cluster(self._redis)
         self._threads = ThreadPoolExecutor(self.concurrency + 2, thread_name_prefix="reach-handler")
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
@@ -286,16 +293,17 @@ class Worker:
         backoff = 0.1
         # At start and after every lost connection, first look at entries already delivered to
         # this agent id: a reply lost in a Redis restart, or an earlier process of the same id.
-        recover = True
         while not self._stopping:
             held = await self._reserve(share)  # slots this loop holds (released exactly once)
             if held == 0:
                 return
             try:
+                recover = binding.capability in self._recover
                 fresh = not recover
                 if recover:
                     entries = await self._own_pending(inbox, held)
-                    recover = bool(entries)
+                    if not entries:
+                        self._recover.discard(binding.capability)
                 else:
                     reply = await self._redis.xreadgroup(
                         AGENT_GROUP, self.agent_id, {inbox: ">"}, count=held, block=READ_BLOCK_MS
@@ -305,16 +313,21 @@ class Worker:
                 held = 0
                 if entries:
                     await self._begin(binding, ck, entries, fresh)  # owns one slot per entry
+                    # Let the tasks just started run, and the report of those that end at once
+                    # go out, before the next (blocking) read is sent: that read can wait a
+                    # moment, a producer waiting for a result cannot.
+                    await asyncio.sleep(0)
+                    await asyncio.sleep(0)
                 backoff = 0.1
             except connection.TRANSIENT_ERRORS as exc:  # (before ResponseError: CLUSTERDOWN is one)
                 self._release(held)
-                recover = True
+                self._recover.add(binding.capability)
                 log.warning("reading inbox %s failed (%s); retrying in %.1fs", inbox, exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
             except redis.exceptions.ResponseError as exc:
                 self._release(held)
-                recover = True
+                self._recover.add(binding.capability)
                 if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
                     await self._scripts(protocol.bind_call(
                         self.settings, binding.capability, self.agent_id, token_sha(self.token)))
@@ -435,7 +448,10 @@ class Worker:
             end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
         finally:
             self.running.pop(ctx.task_id, None)
-            self._release(1)
+            if self._piggyback:
+                self._freed += 1  # (the flusher reads the next task with this one's report)
+            else:
+                self._release(1)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
@@ -477,28 +493,41 @@ class Worker:
     async def _flusher(self) -> None:
         while True:
             await self._flush_event.wait()
-            # One more turn of the loop: tasks started together tend to end together, and
-            # reporting them in one call costs Redis and this process much less than one each
-            # (and a task that ends within the turn needs no separate record of its start).
-            await asyncio.sleep(0)
+            if self.running:
+                # One more turn of the loop: tasks started together tend to end together, and
+                # reporting them in one call costs Redis and this process much less than one
+                # each (and a task that ends within the turn needs no record of its start).
+                await asyncio.sleep(0)
             self._flush_event.clear()
-            while self._completions or self._unrecorded:
-                completions, self._completions = self._completions, {}
-                unrecorded, self._unrecorded = self._unrecorded, {}
-                for capability in {*completions, *unrecorded}:
-                    # Started and still running: record the start. (Those that ended are
-                    # started by their completion.)
-                    starts = [item for item in unrecorded.get(capability, ())
-                              if self.running.get(item.ctx.task_id) is item]
-                    done = completions.get(capability, [])
-                    for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
-                        await self._report(capability, starts[i:i + COMPLETE_BATCH],
-                                           done[i:i + COMPLETE_BATCH])
+            if not (self._completions or self._unrecorded):
+                continue
+            completions, self._completions = self._completions, {}
+            unrecorded, self._unrecorded = self._unrecorded, {}
+            read, self._freed = self._freed, 0
+            if self._stopping:
+                self._release(read)  # (nothing new is read while draining)
+                read = 0
+            for capability in {*completions, *unrecorded}:
+                # Started and still running: record the start. (Those that ended are started
+                # by their completion.)
+                starts = [item for item in unrecorded.get(capability, ())
+                          if self.running.get(item.ctx.task_id) is item]
+                done = completions.get(capability, [])
+                for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
+                    await self._report(capability, starts[i:i + COMPLETE_BATCH],
+                                       done[i:i + COMPLETE_BATCH], read)
+                    read = 0
+            self._release(read)
+            if self._completions or self._unrecorded:
+                self._flush_event.set()  # (more came in while this report was on its way)
 
     async def _report(self, capability: str, starts: list[Running],
-                      done: list[protocol.Completion]) -> None:
-        """Record starts and store completions, in one round trip. Retrying is safe: a start
-        recorded already is recognised ('ok'/'done'), and so is a report applied already ('dup')."""
+                      done: list[protocol.Completion], read: int = 0) -> None:
+        """Record starts and store completions, and read up to `read` new entries of the inbox
+        for the slots of the tasks that ended (those slots come in and are released unless a
+        started task holds them), all in one round trip. Retrying is safe: a start recorded
+        already is recognised ('ok'/'done'), so is a report applied already ('dup'), and the
+        entries a lost reply delivered are looked for again (_recover)."""
         calls = []
         if starts:
             calls.append(protocol.accept_call(
@@ -508,11 +537,32 @@ class Worker:
         if done:
             calls.append(protocol.complete_call(self.settings, capability, self.agent_id,
                                                 self.token, done))
-        replies = await connection.with_reconnect(lambda: self._scripts.run_all(calls))
+        ck = CapabilityKeys(self.settings.prefix, capability)
+        extra = [("XREADGROUP", "GROUP", AGENT_GROUP, self.agent_id, "COUNT", read, "STREAMS",
+                  ck.inbox(self.agent_id), ">")] if read else []
+        tries = 0
+
+        async def op() -> list[Any]:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and extra:
+                self._recover.add(capability)
+            return await self._scripts.run_all(calls, extra)
+
+        try:
+            replies = await connection.with_reconnect(op)
+        except BaseException:
+            self._release(read)
+            raise
         if starts:
             self._on_starts_recorded(capability, starts, replies[0])
         if done:
-            self._on_completed(capability, done, replies[-1])
+            self._on_completed(capability, done, replies[len(calls) - 1])
+        if read:
+            entries = replies[-1][0][1] if replies[-1] else []
+            self._release(read - len(entries))
+            if entries:
+                await self._begin(self.bindings[capability], ck, entries, True)
 
     def _on_starts_recorded(self, capability: str, starts: list[Running], reply: list[Any]) -> None:
         statuses = protocol.parse_accept_statuses(reply)

@@ -169,10 +169,14 @@ class ReachClient:
             self._remember_capability(capability)
             for start in range(0, len(requests), SUBMIT_BATCH):
                 call = protocol.submit_call(self.settings, requests[start : start + SUBMIT_BATCH])
-                # Retrying is safe: the script refuses to create a task id twice.
-                for attempt in connection.retrying(self.settings):
-                    with attempt:
-                        reply = self._scripts(call)
+                # Retrying is safe: the script refuses to create a task id twice. (The first try
+                # goes without the retry machinery, which costs more than the call itself.)
+                try:
+                    reply = self._scripts(call)
+                except connection.TRANSIENT_ERRORS:
+                    for attempt in connection.retrying(self.settings):
+                        with attempt:
+                            reply = self._scripts(call)
                 try:
                     rows = protocol.parse_submit(capability, self.settings.max_queue_depth, reply)
                 except QueueFull as exc:

@@ -113,13 +113,21 @@ class _FastSSLConnection(_HiredisPacking, redis.asyncio.SSLConnection):
     pass
 
 
-def _fast_connection_class(url: str) -> dict[str, Any]:
+class _FastSyncConnection(_HiredisPacking, redis.Connection):
+    pass
+
+
+class _FastSyncSSLConnection(_HiredisPacking, redis.SSLConnection):
+    pass
+
+
+def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any]:
     if hiredis is None:
         return {}
     if url.startswith("redis://"):
-        return {"connection_class": _FastConnection}
+        return {"connection_class": _FastConnection if asynchronous else _FastSyncConnection}
     if url.startswith("rediss://"):
-        return {"connection_class": _FastSSLConnection}
+        return {"connection_class": _FastSSLConnection if asynchronous else _FastSyncSSLConnection}
     return {}
 
 
@@ -300,7 +308,8 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
             raise
         except TRANSIENT_ERRORS as exc:
             raise unavailable(exc, settings) from exc
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON)
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON,
+                                **_fast_connection_class(url, asynchronous=False))
 
 
 def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncClient:

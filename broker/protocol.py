@@ -208,14 +208,16 @@ class AgentBatch:
     tasks: Sequence[str | tuple[str, str]]
 
 
-def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBatch]) -> ScriptCall:
-    """Hand each batch's tasks to its agent's inbox, in one script call."""
+def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBatch],
+                  peek: int = 0) -> ScriptCall:
+    """Hand each batch's tasks to its agent's inbox, in one script call (and return the first
+    `peek` ready tasks left in the queue)."""
     ck = CapabilityKeys(settings.prefix, capability)
     task = ck.task
     keys = [ck.queue, ck.events, ck.dlq, ck.tokens, ck.stats, ck.sessions, ck.inboxes]
     keys += [ck.inbox(b.agent_id) for b in batches]
     args: list[str | int | float] = [
-        settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms, len(batches),
+        settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms, len(batches), peek,
     ]
     for b in batches:
         args += [b.agent_id, b.max_unread, len(b.tasks)]
@@ -227,9 +229,11 @@ def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBa
     return ScriptCall("dispatch", keys, args)
 
 
-def parse_dispatch(reply: list[Any]) -> list[DispatchResult]:
-    """One result per batch, in order."""
-    return [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, len(reply), 6)]
+def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult], list[tuple[str, float]]]:
+    """One result per batch, in order, and the ready tasks the call peeked at (local id, score)."""
+    results = [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, 6 * batches, 6)]
+    peeked = [(str(reply[i]), float(reply[i + 1])) for i in range(6 * batches, len(reply) - 1, 2)]
+    return results, peeked
 
 
 def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int) -> ScriptCall:

@@ -7,6 +7,7 @@ each script's text here. `broker/protocol.py` builds each call's keys and argume
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -39,10 +40,20 @@ class Scripts:
     """Runs ScriptCalls on a synchronous client (EVALSHA, loading the script when Redis lacks it)."""
 
     def __init__(self, client: Redis | RedisCluster) -> None:
+        self._client: Any = client
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
-        return self._scripts[call.name](keys=call.keys, args=call.args, client=client)
+        script = self._scripts[call.name]
+        if client is None:
+            # A bare EVALSHA: redis-py's Script wraps it in several layers, which cost more
+            # than the round trip on a hot path.
+            try:
+                return self._client.execute_command("EVALSHA", script.sha, len(call.keys),
+                                                    *call.keys, *call.args)
+            except redis.exceptions.NoScriptError:
+                pass  # (the Script below loads it)
+        return script(keys=call.keys, args=call.args, client=client)
 
 
 class AsyncScripts:
@@ -54,7 +65,14 @@ class AsyncScripts:
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     async def __call__(self, call: ScriptCall, client: Any = None) -> Any:
-        return await self._scripts[call.name](keys=call.keys, args=call.args, client=client)
+        script = self._scripts[call.name]
+        if client is None:
+            try:
+                return await self._client.execute_command("EVALSHA", script.sha, len(call.keys),
+                                                          *call.keys, *call.args)
+            except redis.exceptions.NoScriptError:
+                pass  # (the Script below loads it)
+        return await script(keys=call.keys, args=call.args, client=client)
 
     def queue(self, call: ScriptCall, pipe: Any) -> None:
         """Queue the call on a pipeline as a bare EVALSHA: its reply is a NoScriptError if Redis
@@ -62,20 +80,27 @@ class AsyncScripts:
         ask Redis whether the scripts exist before every execute, one more round trip."""
         pipe.evalsha(self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
 
-    async def run_all(self, calls: list[ScriptCall]) -> list[Any]:
+    async def run_all(self, calls: list[ScriptCall], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run several calls in one round trip, in order, each atomic on its own (not all
-        together). A call whose script Redis lacks is run again alone, which loads it. On
-        Cluster, whose pipelines refuse EVALSHA, the calls go one by one."""
-        if len(calls) == 1 or self._cluster:
+        together), then the plain commands in `extra` (their replies follow the calls'). A
+        call whose script Redis lacks is run again alone, which loads it. On Cluster, whose
+        pipelines refuse EVALSHA, the calls go one by one (and `extra` is not allowed)."""
+        if self._cluster:
+            if extra:
+                raise ValueError("extra commands need a pipeline, which Cluster does not offer here")
             return [await self(call) for call in calls]
+        if len(calls) == 1 and not extra:
+            return [await self(calls[0])]
         pipe = self._client.pipeline(transaction=False)
         for call in calls:
             self.queue(call, pipe)
+        for command in extra:
+            pipe.execute_command(*command)
         replies = await pipe.execute(raise_on_error=False)
         out = []
-        for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, redis.exceptions.NoScriptError):
-                reply = await self(call)
+        for i, reply in enumerate(replies):
+            if i < len(calls) and isinstance(reply, redis.exceptions.NoScriptError):
+                reply = await self(calls[i])
             elif isinstance(reply, Exception):
                 raise reply
             out.append(reply)

@@ -43,6 +43,10 @@ class CapabilityConfig(BaseModel):
     """Treat an unclassified handler exception as retryable instead of a terminal `failure`."""
 
 
+_NO_CAPABILITY_CONFIG = CapabilityConfig()
+"""What a capability without a table of its own in the config file gets (never changed)."""
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(
         env_prefix="REACH_", extra="ignore", populate_by_name=True, validate_default=True
@@ -145,7 +149,7 @@ class Settings(BaseSettings):
             _file_values.reset(token)
 
     def capability(self, name: str) -> CapabilityConfig:
-        return self.capabilities.get(name) or CapabilityConfig()
+        return self.capabilities.get(name) or _NO_CAPABILITY_CONFIG
 
     def timeout_ms_for(self, name: str) -> int:
         return self.capability(name).timeout_ms or self.default_timeout_ms

@@ -15,7 +15,6 @@ deadline, or the next lease sweep — never longer than the idle tick.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import random
 import time
@@ -42,6 +41,8 @@ EXPLAIN_TTL_MS = 15 * 60 * 1000
 HOUSEKEEPING_S = 0.05
 DISPATCH_CALL_TASKS = 128
 """Most tasks one dispatch call hands off (a script blocks Redis while it runs)."""
+PEEK_MIN = 16
+"""A dispatch call returns at least this many of the ready tasks it leaves (see _dispatch)."""
 GRANT_TTL_TICKS = 3
 """Grants stand this many idle ticks unless a dispatcher refreshes them (it does every tick)."""
 
@@ -67,6 +68,19 @@ class CapabilityLoop:
         self._snapshot_id = ""
         self._snapshot_at = 0.0
         self._snapshot_seen: frozenset[str] = frozenset()
+        self._maybe_queued = True
+        """Tasks may wait in the ready queue (cleared by a round that drains it)."""
+        self._head: list[tuple[str, float]] | None = None
+        """The front of the ready queue (local id, score) as the last dispatch call left it, so
+        the next round needs no read of its own; dropped whenever the queue may have changed
+        otherwise (new, promoted, requeued tasks all come with a wake-up). `_head_whole`: it
+        is the whole queue."""
+        self._head_whole = False
+        self._head_gen = 0
+        """Moves whenever the head is forgotten: a peek taken before that is not installed."""
+        self._grants_written = 0
+        self._grants_left = 0
+        """Grants this dispatcher wrote last, and how many of them submits have not used."""
         self._granted: list[str] = []
         """The agents of the grants standing (sorted), as this dispatcher last wrote them."""
         self._granted_until = 0.0
@@ -80,7 +94,27 @@ class CapabilityLoop:
         if new_tasks:
             self._next_deadline_ms = None  # a new task may carry an earlier deadline
             self._next_housekeeping = 0.0
+            self._maybe_queued = True
+            self._forget_head()  # the queue's front may have changed
         self._wake.set()
+
+    def _forget_head(self) -> None:
+        self._head = None
+        self._head_gen += 1
+
+    def on_free(self, health_changed: bool = False) -> None:
+        """An agent finished tasks: route now if tasks may wait in the queue, the grants run
+        low or the agent's health moved (its circuit may have opened: its grants must go).
+        (Otherwise its room shows in the next grants, which stand meanwhile: no round per
+        completion while tasks go straight to agents.)"""
+        if health_changed or self._maybe_queued or self._grants_left * 2 < self._grants_written:
+            self._wake.set()
+
+    def on_took(self, taken: int) -> None:
+        """A submit used grants: route (and grant again) once half of them are gone."""
+        self._grants_left -= taken
+        if self._grants_left * 2 < self._grants_written:
+            self._wake.set()
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
         self.loads[agent_id] = routing.InboxLoad(outstanding, running)
@@ -116,8 +150,12 @@ class CapabilityLoop:
             if progressed:
                 await asyncio.sleep(0)  # let other capabilities and the wake listener run
                 continue
-            with contextlib.suppress(TimeoutError):
+            try:
                 await asyncio.wait_for(self._wake.wait(), self._idle_timeout())
+            except TimeoutError:
+                # (a lost wake-up message must not strand a task)
+                self._maybe_queued = True
+                self._forget_head()
 
     def _idle_timeout(self) -> float:
         timeout = self.d.settings.idle_tick_ms / 1000
@@ -144,6 +182,12 @@ class CapabilityLoop:
         HOUSEKEEPING_S (a retry or deadline is late by that much at worst) so that routing
         rounds, which follow every completion, do not each pay for it."""
         self._next_housekeeping = time.monotonic() + HOUSEKEEPING_S
+        moved = await self._housekeeping_round()
+        if moved:
+            self._forget_head()  # tasks came into (or left) the queue
+        return moved
+
+    async def _housekeeping_round(self) -> int:
         now = self.d.view.now_ms()
         moved = 0
         pipe = self.d.redis.pipeline(transaction=False)
@@ -279,14 +323,17 @@ class CapabilityLoop:
             ))
         return out, filtered
 
-    def note_failures(self, agent_id: str, consecutive: int) -> None:
-        """Consecutive failures an agent's last completion left (from its wake-up message)."""
+    def note_failures(self, agent_id: str, consecutive: int) -> bool:
+        """Consecutive failures an agent's last completion left (from its wake-up message);
+        True when they changed (routing may see the agent differently: route again)."""
         health = self.health.setdefault(agent_id, routing.AgentHealth())
         if consecutive > health.consecutive_failures:
             health.last_failure_ms = self.d.view.now_ms()
         elif consecutive == 0 and health.consecutive_failures:
             health.last_success_ms = self.d.view.now_ms()
+        changed = consecutive != health.consecutive_failures
         health.consecutive_failures = consecutive
+        return changed
 
     async def refresh_loads(self, agent_ids: list[str]) -> None:
         """Read exact inbox loads (length and pending count) and the agents' health counters."""
@@ -308,7 +355,11 @@ class CapabilityLoop:
         priority is in the score's fraction); the record is read only for tasks with routing
         constraints (session, region, version, an agent to avoid)."""
         r = self.d.redis
-        head = await r.zrange(self.keys.queue, 0, want - 1, withscores=True)
+        if self._head is not None and (self._head_whole or len(self._head) >= want):
+            head = self._head[:want]  # what the last dispatch call saw at the queue's front
+        else:
+            head = await r.zrange(self.keys.queue, 0, want - 1, withscores=True)
+        self._head = None
         if not head:
             return []
         hints = [(local_id, *routing.decode_queue_score(score)) for local_id, score in head]
@@ -350,7 +401,10 @@ class CapabilityLoop:
         tasks = await self._ready_tasks(want) if want > 0 else []
         # The queue is empty once these are routed: the room left is granted, so that the next
         # tasks go to an agent without waiting for a round (see submit.lua).
-        grant_round = round_ if len(tasks) < want or want <= 0 else None
+        drained = want > 0 and len(tasks) < want
+        if drained:
+            self._maybe_queued = False
+        grant_round = round_ if drained or want <= 0 else None
         if not tasks:
             await self._grant(grant_round)
             return 0
@@ -408,6 +462,7 @@ class CapabilityLoop:
             return
         ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
         await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms))
+        self._grants_written = self._grants_left = len(grants)
         self._granted = shape
         self._granted_until = now + ttl_ms / 3000
 
@@ -428,10 +483,18 @@ class CapabilityLoop:
             size += len(batch.tasks)
         if group:
             groups.append(group)
-        calls = [protocol.dispatch_call(self.d.settings, self.capability, g) for g in groups]
+        # The last call also returns the front of the queue it leaves, for the next round.
+        peek = min(self.d.settings.dispatch_batch, max(PEEK_MIN, 2 * sum(len(b.tasks) for b in batches)))
+        calls = [protocol.dispatch_call(self.d.settings, self.capability, g,
+                                        peek if i == len(groups) - 1 else 0)
+                 for i, g in enumerate(groups)]
+        gen = self._head_gen
         out: list[protocol.DispatchResult] = []
-        for reply in await self.d.scripts.run_all(calls):
-            out += protocol.parse_dispatch(reply)
+        for group, reply in zip(groups, await self.d.scripts.run_all(calls), strict=True):
+            results, peeked = protocol.parse_dispatch(reply, len(group))
+            out += results
+        if gen == self._head_gen:  # (else the queue changed meanwhile: read it next time)
+            self._head, self._head_whole = peeked, len(peeked) < peek
         return out
 
     async def _snapshot(self, round_: routing.RoutingRound) -> str:

@@ -47,6 +47,10 @@ class HealthWatcher:
             level = logging.INFO if state in (AgentState.HEALTHY, AgentState.WARMING) else logging.WARNING
             log.log(level, "agent %s: %s -> %s", record.agent_id, record.recorded_state or "new",
                     state.value)
+        if state is AgentState.HEALTHY and record.recorded_state in ("suspect", "offline", "not_ready"):
+            # As agent_state.lua records it: routing treats the agent as cold from now on, not
+            # only once the record is read again (grants are made before that).
+            record.recovered_at_ms = self.d.view.now_ms()
         record.recorded_state = state.value
 
     async def _hand_back(self, record: AgentRecord, state: AgentState) -> None:

@@ -7,7 +7,8 @@ task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wak
     free <cap> <agent> <len> <pending> <failures> <n> <exec ms>
                                         an agent finished n tasks in exec ms in all (its exact
                                         inbox load after, its consecutive failures)
-    took <cap> <agent> <len> <pending>  a submit handed tasks straight to the agent (a grant)
+    took <cap> <agent> <len> <pending> <n>
+                                        a submit handed n tasks straight to the agent (grants)
     agent <agent>                       the registry changed
 
 Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is
@@ -176,18 +177,19 @@ class Dispatcher:
         elif kind == "free" and len(parts) >= 5:
             loop = self.loops.get(parts[1])
             if loop is not None:
+                changed = False
                 with contextlib.suppress(ValueError):
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
                     if len(parts) >= 6:
-                        loop.note_failures(parts[2], int(parts[5]))
+                        changed = loop.note_failures(parts[2], int(parts[5]))
                     if len(parts) >= 8:
                         loop.note_speed(parts[2], int(parts[6]), float(parts[7]))
-                loop.kick()
-        elif kind == "took" and len(parts) == 5:
+                loop.on_free(changed)
+        elif kind == "took" and len(parts) == 6:
             loop = self.loops.get(parts[1])
             if loop is not None:
                 with contextlib.suppress(ValueError):
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
-                loop.kick()
+                    loop.on_took(int(parts[5]))
         elif kind == "agent":
             self._registry_dirty.set()

@@ -422,7 +422,7 @@ def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
     # makes its hand-off to the agent it still believes healthy: the product's own script.
     local = split_task_id(handle.task_id)[1]
     result = protocol.parse_dispatch(Scripts(r)(protocol.dispatch_call(
-        settings, "left", [protocol.AgentBatch(a.agent_id, 10, [local])])))
+        settings, "left", [protocol.AgentBatch(a.agent_id, 10, [local])])), 1)
     b = fleet.worker("left", handler="tests.handlers:record", concurrency=2)
     # Either the hand-off is refused (the task stays queued for b) or the unread entry of the
     # departed agent's inbox is handed back; never is the task left behind.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -17,6 +18,7 @@ from dispatcher.routing import (
     RoutingRound,
     WeightedPool,
     components,
+    decode_queue_score,
     gate,
     parse_health,
     score,
@@ -157,3 +159,33 @@ def test_snapshot_lists_candidates_and_filters() -> None:
     round_ = RoutingRound([agent("a")], S, NOW, filtered={"b": "state:suspect"})
     snap = round_.snapshot()
     assert snap["candidates"][0]["agent_id"] == "a" and snap["filtered"] == {"state:suspect": ["b"]}
+
+
+@pytest.mark.parametrize("priority", range(10))
+@pytest.mark.parametrize("constrained", [False, True])
+def test_a_queue_score_carries_priority_and_constraints_in_its_fraction(priority: int,
+                                                                      constrained: bool) -> None:
+    # The layout of queue_score in broker/lua/_lib.lua, at today's and at a far later clock.
+    for now in (1_764_000_000_000, 4_000_000_000_000):
+        frac = (priority + 1) / 16 + (1 / 32 if constrained else 0)
+        score = float(f"{now - priority * S.aging_ms + frac:.5f}")
+        assert decode_queue_score(score) == (priority, constrained)
+        assert math.floor(score) == now - priority * S.aging_ms  # ordering is the integer part
+
+
+def test_grants_follow_the_weights_leave_loads_alone_and_put_a_probe_first() -> None:
+    busy = agent("busy", out=6, run=6, latency_p50_ms=5.0)
+    idle = agent("idle", latency_p50_ms=5.0)
+    cold = agent("cold", latency_p50_ms=5.0, recovered_at_ms=NOW - 1000)
+    flaky = agent("flaky", latency_p50_ms=5.0)
+    flaky.health = AgentHealth(consecutive_failures=S.circuit_failures,
+                               last_failure_ms=NOW - S.circuit_open_ms - 1)
+    round_ = RoutingRound([busy, idle, cold, flaky], S, NOW, random.Random(5))
+    rooms = dict(zip([c.agent_id for c in round_.agents], round_.rooms, strict=True))
+    grants = round_.grants(1000)
+    assert grants[0][0].agent_id == "flaky"  # the one probe it may have goes first
+    per_agent = Counter(choice.agent_id for choice, _ in grants)
+    assert per_agent == Counter({k: v for k, v in rooms.items() if v > 0})  # exactly the room
+    assert {choice.agent_id for choice, low in grants if low} == {"cold"}  # cold: low priority only
+    assert (busy.load.outstanding, idle.load.outstanding) == (6, 0)  # promises, not deliveries
+    assert round_.grants(1000) == []  # the room is spent

@@ -16,8 +16,10 @@ from agent_worker.classify import backoff_ms, classify, describe
 from agent_worker.http_bridge import AgentFailed, interpret
 from broker import Settings, codec
 from broker.ids import new_task_id, split_task_id
-from broker.models import Outcome
+from broker.inbox import parse_delivery
+from broker.models import Outcome, TaskEvent
 from broker.registry import AgentRecord, AgentState, agent_state
+from broker.results import done_outcome, events_of_record, feed_events, message_is_terminal
 from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, refill_allowance, room
 
 
@@ -218,3 +220,44 @@ def test_http_bridge_interprets_business_status(status: int, body: bytes, expect
             interpret(status, body)
     else:
         assert interpret(status, body) == expect
+
+
+def test_compact_events_read_back_as_task_events() -> None:
+    # The layout the scripts write (broker/lua/_lib.lua): type|time ms|attempt|agent|data JSON.
+    event = TaskEvent.from_compact(3, 'progress|1764000000123|2|w-1|{"m":"a|b"}', "cap:ID", "tr")
+    assert (event.seq, event.type, event.attempt, event.agent_id, event.data) == (
+        3, "progress", 2, "w-1", {"m": "a|b"})
+    assert event.as_dict()["time"] == 1764000000123 and event.trace_id == "tr"
+    assert TaskEvent.from_compact(1, "queued|1|0||{}", "cap:ID", None).agent_id is None
+    with pytest.raises(ValueError):
+        TaskEvent.from_compact(1, "not an event", "cap:ID", None)
+    record = {"id": "cap:ID", "trace_id": "t", "seq": "2", "e:2": "succeeded|5|1|w|{}",
+              "e:1": "queued|4|0||{}", "e:x": "junk", "state": "succeeded"}
+    assert [e.type for e in events_of_record(record, "cap:ID")] == ["queued", "succeeded"]
+    assert message_is_terminal('7|succeeded|5|1|w|{}') and not message_is_terminal('2|dispatched|5|0|w|{}')
+    feed = feed_events({"events": 'cap:A|1|queued|4|0||{"priority":5}\n|0|token_refused|9|0|w|{"call":"x"}'})
+    assert [(e["task_id"], e["type"], e["agent_id"]) for e in feed] == [
+        ("cap:A", "queued", None), ("", "token_refused", "w")]
+
+
+def test_a_done_list_entry_gives_the_outcome_or_asks_for_the_record() -> None:
+    assert done_outcome("c:1", '{"state":"succeeded","result":{"x":[1]}}') == (True, {"x": [1]})
+    assert done_outcome("c:1", '{"state":"succeeded"}') == (False, None)  # too large to ride along
+    with pytest.raises(broker.TaskFailed) as failed:
+        done_outcome("c:1", '{"state":"failed","reason":"expired","error":"late"}')
+    assert (failed.value.reason, failed.value.error) == ("expired", "late")
+    with pytest.raises(broker.TaskCanceled):
+        done_outcome("c:1", '{"state":"canceled","reason":"canceled","error":null}')
+    assert done_outcome("c:1", "garbage") == (False, None)
+
+
+def test_an_inbox_entry_carries_what_starting_its_task_needs() -> None:
+    fields = {"id": "01J00000000000000000000000", "fence": "4", "p": '{"a":1}',
+              "x": '2|60000|0|3|trace|conv|{"k":"v|w"}'}
+    task = parse_delivery("cap", "1-0", fields)
+    assert task is not None
+    assert (task.task_id, task.attempt, task.timeout_ms, task.max_attempts, task.session_id,
+            task.metadata) == ("cap:01J00000000000000000000000", 2, 60000, 3, "conv", '{"k":"v|w"}')
+    assert parse_delivery("cap", "1-0", {"id": fields["id"], "fence": "4"}) is None  # accept first
+    assert parse_delivery("cap", "1-0", {**fields, "x": "2|bad"}) is None
+    assert parse_delivery("cap", "1-0", {**fields, "fence": "x"}) is None

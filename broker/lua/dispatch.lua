@@ -5,6 +5,8 @@
 -- KEYS[6] sessions hash   KEYS[7] inboxes set
 -- then KEYS[8..7+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
 -- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
+-- ARGV[5] how many of the ready tasks left in the queue afterwards to return (0: none): the
+-- caller's next round starts from them instead of reading the queue again
 -- then for agent j, 3 values: agent id, most unread entries its inbox may hold, its task count
 -- then for each task, agent by agent, 2 values: its local id, why this agent (kept in the
 -- record for `reach explain`; '' for none)
@@ -13,7 +15,8 @@
 -- full stay in the queue for another agent. An agent that deregistered (no token) or is
 -- draining gets nothing, whatever the caller's view of the registry says. Each inbox entry
 -- carries what the agent needs to start the task (see deliver in _lib.lua).
--- Returns for each agent 6 values: inbox length, inbox pending, dispatched, taken, expired, left.
+-- Returns for each agent 6 values: inbox length, inbox pending, dispatched, taken, expired, left;
+-- then the first ARGV[5] ready tasks as local id, score pairs.
 local c = context(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 local agents = tonumber(ARGV[4])
 local now = now_ms()
@@ -24,7 +27,7 @@ local task_i = 0  -- tasks handled so far (their keys follow the inboxes)
 
 for j = 0, agents - 1 do
   local inbox = KEYS[8 + j]
-  local agent, max_unread, count = ARGV[5 + 3 * j], tonumber(ARGV[6 + 3 * j]), tonumber(ARGV[7 + 3 * j])
+  local agent, max_unread, count = ARGV[6 + 3 * j], tonumber(ARGV[7 + 3 * j]), tonumber(ARGV[8 + 3 * j])
   local first = task_i
   task_i = task_i + count
   local tk = redis.call('HMGET', KEYS[4], agent, 'draining:' .. agent)
@@ -40,7 +43,7 @@ for j = 0, agents - 1 do
     local dispatched, taken, expired, left = 0, 0, 0, 0
     for i = first, first + count - 1 do
       local task_key = KEYS[8 + agents + i]
-      local a = 5 + 3 * agents + 2 * i
+      local a = 6 + 3 * agents + 2 * i
       local local_id = ARGV[a]
       if len - pending >= max_unread then
         left = first + count - i
@@ -72,4 +75,8 @@ for j = 0, agents - 1 do
 end
 if total > 0 then redis.call('HINCRBY', KEYS[5], 'dispatched', total) end
 flush_feed(c)
+local peek = tonumber(ARGV[5])
+if peek > 0 then
+  for _, v in ipairs(redis.call('ZRANGE', KEYS[1], 0, peek - 1, 'WITHSCORES')) do out[#out + 1] = v end
+end
 return out

@@ -117,7 +117,8 @@ for i = 0, n - 1 do
       local f = {'queued', '0', seq, '0', false, task_id, deadline_at, ARGV[a + 2], ARGV[a + 7],
                  ARGV[a + 9], ARGV[a + 4], ARGV[a + 10], ARGV[a + 11]}
       deliver(c, task_key, f, h, grant[2], grant[1], local_id, now_s, why, ',"direct":true')
-      loads[grant[1]] = {grant[5] + 1, grant[6]}
+      local before = loads[grant[1]]
+      loads[grant[1]] = {grant[5] + 1, grant[6], (before and before[3] or 0) + 1}
       direct = direct + 1
     else
       h[#h + 1] = 'state'; h[#h + 1] = 'queued'; h[#h + 1] = 'seq'; h[#h + 1] = seq
@@ -151,7 +152,7 @@ if direct > 0 then
   -- The dispatchers keep each agent's exact inbox load: tell them what these tasks changed.
   for agent, load in pairs(loads) do
     redis.call('PUBLISH', ARGV[5] .. 'wake',
-      'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] .. ' ' .. load[2])
+      'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] .. ' ' .. load[2] .. ' ' .. load[3])
   end
 end
 return out

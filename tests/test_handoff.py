@@ -1,0 +1,127 @@
+"""Hand-offs that skip a round trip, and the guarantees they keep.
+
+- Direct hand-off: while a capability's queue is empty, submit gives a task without routing
+  constraints straight to the agent a dispatcher's grant names (submit.lua, grant.lua).
+- Agents start what they read at once; a cancel takes an unread entry back, so a canceled
+  task never starts.
+- Waiters register: unwatched tasks get no done list and publish nothing.
+Driven through the product's own scripts where a race must be pinned down, and through real
+worker and dispatcher processes otherwise.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import redis
+
+from broker import ReachClient, protocol
+from broker.ids import split_task_id
+from broker.keys import CapabilityKeys
+from broker.results import read_events
+from broker.scripts import Scripts
+from broker.settings import Settings
+from tests.conftest import Fleet, wait_until
+from tests.handlers import runs
+
+
+def bind(r: redis.Redis, settings: Settings, capability: str, agent: str) -> None:
+    """An agent's token and inbox, as registration makes them (no process behind it)."""
+    sha = hashlib.sha1(f"token-{agent}".encode()).hexdigest()
+    Scripts(r)(protocol.bind_call(settings, capability, agent, sha))
+
+
+def grant(r: redis.Redis, settings: Settings, capability: str, *grants: str) -> None:
+    Scripts(r)(protocol.grant_call(settings, capability, list(grants), 60_000))
+
+
+def record(r: redis.Redis, prefix: str, task_id: str) -> dict[str, str]:
+    capability, local = split_task_id(task_id)
+    return r.hgetall(CapabilityKeys(prefix, capability).task(local))
+
+
+def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    ck = CapabilityKeys(prefix, "grants")
+    bind(r, settings, "grants", "live")
+    bind(r, settings, "grants", "cold")
+    # A grant of an agent that left (no token) is dropped; the next one is used.
+    grant(r, settings, "grants", "gone|40|round-1|50.0|", "live|40|round-1|80.5|")
+    first = client.submit("grants", {"n": 1})
+    assert first.status().state == "dispatched" and first.status().agent_id == "live"
+    assert r.xlen(ck.inbox("live")) == 1 and r.zcard(ck.queue) == 0 and r.llen(ck.grants) == 0
+    events = read_events(r, ck.task(split_task_id(first.task_id)[1]), first.task_id)
+    assert [(e.type, e.data.get("direct")) for e in events] == [("queued", None), ("dispatched", True)]
+    assert '"why":"grant"' in record(r, prefix, first.task_id)["explain"]
+    # A cold agent's grant serves low-priority tasks only; a higher one queues and leaves it.
+    grant(r, settings, "grants", "cold|40|round-2|60.0|1")
+    high = client.submit("grants", {"n": 2}, priority=8)
+    assert high.status().state == "queued" and r.lrange(ck.grants, 0, -1) == ["cold|40|round-2|60.0|1"]
+    r.zrem(ck.queue, split_task_id(high.task_id)[1])  # (so that the queue is empty again)
+    low = client.submit("grants", {"n": 3}, priority=2)
+    assert low.status().agent_id == "cold" and r.llen(ck.grants) == 0
+    # Tasks with routing constraints always go through the queue, and so does everything while
+    # the queue holds a task: nothing overtakes a waiting task.
+    grant(r, settings, "grants", *["live|40|round-3|80.0|"] * 3)
+    session = client.submit("grants", {"n": 4}, session_id="conv")
+    assert session.status().state == "queued"
+    behind = client.submit("grants", {"n": 5}, priority=9)
+    assert behind.status().state == "queued" and r.llen(ck.grants) == 3
+    assert int(r.hget(ck.stats, "direct") or 0) == 2
+
+
+def test_a_full_inbox_refuses_its_grant(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    ck = CapabilityKeys(prefix, "fullgrant")
+    bind(r, settings, "fullgrant", "small")
+    grant(r, settings, "fullgrant", *["small|2|r|1.0|"] * 4)
+    handles = [client.submit("fullgrant", {"n": i}) for i in range(3)]
+    assert [h.status().state for h in handles] == ["dispatched", "dispatched", "queued"]
+    assert r.xlen(ck.inbox("small")) == 2  # never past the agent's backlog limit
+
+
+def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(
+    client: ReachClient, settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    ck = CapabilityKeys(prefix, "unread")
+    bind(r, settings, "unread", "later")
+    handle = client.submit("unread", {"n": 1})
+    local = split_task_id(handle.task_id)[1]
+    Scripts(r)(protocol.dispatch_call(settings, "unread", [protocol.AgentBatch("later", 10, [local])]))
+    assert handle.status().state == "dispatched" and r.xlen(ck.inbox("later")) == 1
+    assert client.cancel(handle.task_id) is True
+    assert r.xlen(ck.inbox("later")) == 0
+    # The agent comes up and reads its inbox: the canceled task is not there to start.
+    fleet.worker("unread", handler="tests.handlers:record", agent_id="later")
+    fleet.dispatcher()
+    assert client.run("unread", {"n": 2}, timeout=30) == {"n": 2}
+    assert runs(r, prefix) == {"2": 1}
+    assert handle.status().state == "canceled"
+
+
+def test_an_idle_agent_gets_new_tasks_straight_from_submit_and_waiters_are_woken(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    ck = CapabilityKeys(prefix, "direct")
+    fleet.dispatcher()
+    fleet.worker("direct", handler="tests.handlers:record", concurrency=4)
+    assert client.run("direct", {"n": 0}, timeout=30) == {"n": 0}
+    wait_until(lambda: r.llen(ck.grants) > 0, message="the dispatcher's grants")
+    handles = []
+    for i in range(1, 21):  # one at a time, each waited for: the agent is idle every time
+        handles.append(client.submit("direct", {"n": i}))
+        assert handles[-1].result(timeout=30) == {"n": i}
+    direct = [h for h in handles if '"why":"grant"' in record(r, prefix, h.task_id)["explain"]]
+    assert len(direct) >= 15, "an idle agent's tasks should mostly skip the dispatcher"
+    # A burst beyond the grants queues the rest, and the dispatcher routes those.
+    burst = client.submit_many("direct", [{"n": i} for i in range(21, 81)])
+    assert [h.result(timeout=30) for h in burst] == [{"n": i} for i in range(21, 81)]
+    assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 81
+    # A task nobody waited for left no done list; result() afterwards still reads it.
+    quiet = client.submit_many("direct", [{"n": 100}])[0]
+    wait_until(lambda: quiet.status().state == "succeeded", message="the unwatched task")
+    local = split_task_id(quiet.task_id)[1]
+    assert not r.exists(ck.task_done(local)) and "d" not in record(r, prefix, quiet.task_id)
+    assert quiet.result(timeout=5) == {"n": 100}
