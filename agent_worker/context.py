@@ -35,6 +35,8 @@ class TaskContext:
     _sink: ProgressSink | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)
+    _timed_out: bool = field(default=False, repr=False)
+    """Set by the worker when the attempt ran past its execution timeout."""
 
     @property
     def cancelled(self) -> bool:

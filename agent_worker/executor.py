@@ -1,8 +1,10 @@
-"""Running one attempt of a task: call the handler under its timeout and classify the end.
+"""Running one attempt of a task: call the handler and classify the end.
 
-Async handlers are cancelled when they exceed the timeout. Sync handlers run in a thread that
-cannot be stopped: the attempt is reported as timed out (retryable) and whatever the thread
-returns later is thrown away, so a late result never reaches Redis.
+The execution timeout is kept by the worker (runtime.py, one timer for all its running
+attempts rather than one per attempt): it marks the context timed out and cancels the attempt.
+Async handlers are cancelled then. Sync handlers run in a thread that cannot be stopped: the
+attempt is reported as timed out (retryable) and whatever the thread returns later is thrown
+away, so a late result never reaches Redis.
 """
 
 from __future__ import annotations
@@ -39,31 +41,30 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
     def end(outcome: Outcome, body: str, retry_after_s: float | None = None) -> AttemptEnd:
         return AttemptEnd(outcome, body, round((time.perf_counter() - started) * 1000), retry_after_s)
 
-    timeout = ctx.timeout_s
     try:
         payload = binding.parse_payload(codec.loads(payload_text))
     except ValueError as exc:  # not JSON, or not what the handler's payload model accepts
         return end(Outcome.INVALID_REQUEST, f"invalid payload: {describe(exc)}")
     try:
-        # (asyncio.timeout, not wait_for: on 3.11 wait_for wraps the handler in one more Task)
-        async with asyncio.timeout(timeout):
-            if binding.is_async:
-                result = await binding.handler(ctx, payload)
-            else:
-                loop = asyncio.get_running_loop()
-                call = functools.partial(binding.handler, ctx, payload)
-                result = await asyncio.wrap_future(threads.submit(call), loop=loop)
-    except TimeoutError as exc:
-        if time.perf_counter() - started >= timeout * 0.999:
-            return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {timeout:g}s")
-        return end(Outcome.RETRYABLE_FAILURE, describe(exc))
+        if binding.is_async:
+            result = await binding.handler(ctx, payload)
+        else:
+            loop = asyncio.get_running_loop()
+            call = functools.partial(binding.handler, ctx, payload)
+            result = await asyncio.wrap_future(threads.submit(call), loop=loop)
     except asyncio.CancelledError:
+        if ctx._timed_out:
+            return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
         if ctx.cancelled:  # canceled by the producer: the result would be discarded anyway
             return end(Outcome.FAILURE, "canceled while running")
         raise
     except Exception as exc:
+        if ctx._timed_out:  # (a handler that turned the cancellation into an error of its own)
+            return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
         return end(classify(exc, retry_failures=binding.retry_failures), describe(exc),
                    getattr(exc, "retry_after_s", None))
+    if ctx._timed_out:  # (a handler that swallowed the cancellation: too late all the same)
+        return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
     if isinstance(result, BaseModel):
         result = result.model_dump(mode="json")
     try:

@@ -93,6 +93,8 @@ class Running:
     lease: protocol.Lease
     ctx: TaskContext
     task: asyncio.Task[Any] | None = None
+    deadline: float = 0.0
+    """When its execution timeout ends (event loop clock)."""
 
 
 class Worker:
@@ -129,9 +131,15 @@ class Worker:
         self._completions: dict[str, list[protocol.Completion]] = {}
         self._unrecorded: dict[str, list[Running]] = {}
         """Tasks started from their inbox entry whose start is not recorded yet."""
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+        """One timer for the execution timeouts of every running attempt (see _on_timer)."""
         self._freed = 0
         """Slots of ended tasks kept for the flusher, which reads the next entries with the
         report of those tasks (one round trip for both; only with one capability)."""
+        self._held: set[str] = set()
+        """Inbox entries this process started and has not reported yet (running, or ended and
+        on their way): recovering its pending entries must never start those again."""
         self._recover: set[str] = set(self.bindings)
         """Capabilities whose inbox may hold entries delivered to this agent id that no one
         runs (at start, and after a lost connection): the reader looks there first."""
@@ -338,8 +346,8 @@ class Worker:
                 backoff = min(backoff * 2, 5.0)
 
     async def _own_pending(self, inbox: str, most: int) -> list[tuple[str, dict[str, str]]]:
-        """Entries delivered to this agent id that this process is not running."""
-        mine = {item.lease.entry_id for item in self.running.values()}
+        """Entries delivered to this agent id that this process is not running (nor reporting)."""
+        mine = self._held
         out: list[tuple[str, dict[str, str]]] = []
         start = "0"
         while len(out) < most:
@@ -432,9 +440,12 @@ class Worker:
             metadata=metadata if isinstance(metadata, dict) else {},
             _sink=self._report_progress, _loop=self._loop,
         )
-        item = Running(binding, protocol.Lease(task.entry_id, task.local_id, task.fence), ctx)
+        item = Running(binding, protocol.Lease(task.entry_id, task.local_id, task.fence), ctx,
+                       deadline=self._loop.time() + ctx.timeout_s)
         self.running[task.task_id] = item
+        self._held.add(task.entry_id)
         item.task = asyncio.create_task(self._run(item, task.payload), name=task.task_id)
+        self._arm_timer(item.deadline)
         if not recorded:
             self._unrecorded.setdefault(binding.capability, []).append(item)
             self._flush_event.set()
@@ -463,6 +474,33 @@ class Worker:
             end.body, delay, end.exec_ms,
         ))
         self._flush_event.set()
+
+    def _arm_timer(self, deadline: float) -> None:
+        """Make sure the timeout timer fires no later than `deadline`."""
+        if self._timer is None or deadline < self._timer_at:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer_at = deadline
+            self._timer = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        """Stop the attempts past their execution timeout (run_attempt reports them as timed
+        out, a retryable failure) and set the timer for the next one. One timer, looked at
+        once per expiry, instead of one per attempt: attempts come and go by the thousand a
+        second, timeouts are rare."""
+        self._timer = None
+        now = self._loop.time()
+        earliest: float | None = None
+        for item in self.running.values():
+            if item.deadline <= now:
+                if not item.ctx._timed_out:
+                    item.ctx._timed_out = True
+                    if item.task is not None:
+                        item.task.cancel()
+            elif earliest is None or item.deadline < earliest:
+                earliest = item.deadline
+        if earliest is not None:
+            self._arm_timer(earliest)
 
     async def _report_progress(self, ctx: TaskContext, fraction: float | None, message: str | None,
                                data: dict[str, Any]) -> bool:
@@ -557,6 +595,7 @@ class Worker:
         if starts:
             self._on_starts_recorded(capability, starts, replies[0])
         if done:
+            self._held.difference_update(c.entry_id for c in done)
             self._on_completed(capability, done, replies[len(calls) - 1])
         if read:
             entries = replies[-1][0][1] if replies[-1] else []

@@ -47,9 +47,19 @@ def check_json_value(value: Any, where: str = "payload") -> None:
             )
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not strict JSON")
+
+
+# One encoder and one decoder for the process: json.dumps/loads with options build new ones
+# on every call, which costs more than the work on small payloads.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+_DECODER = json.JSONDecoder(parse_constant=_refuse_constant)
+
+
 def dumps(value: Any) -> str:
     """Compact JSON text of a value already known to be strict JSON."""
-    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+    return _ENCODER.encode(value)
 
 
 def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
@@ -67,8 +77,6 @@ def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
 
 def loads(text: str | bytes) -> Any:
     """Parse strict JSON (NaN and Infinity are refused)."""
-    return json.loads(text, parse_constant=_refuse_constant)
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not strict JSON")
+    if not isinstance(text, str):
+        text = text.decode("utf-8")  # (as json.loads does; its UTF-16/32 sniffing is not needed)
+    return _DECODER.decode(text)

@@ -154,3 +154,9 @@ async def concurrency_probe(ctx: TaskContext, payload: Any) -> Any:
     finally:
         _redis().hincrby(f"{prefix}:test:now", agent, -1)
     return {"n": payload["n"]}
+
+
+async def dies(ctx: TaskContext, payload: Any) -> Any:
+    """Kills its worker process at once, before the start of the attempt can be recorded."""
+    count_run(str(payload["n"]))
+    os._exit(3)

@@ -71,6 +71,23 @@ def test_sigkill_mid_task_another_worker_finishes_it_once(client: ReachClient, f
     assert runs(r, prefix) == {"t": 2}  # ran twice (the first was cut short), took effect once
 
 
+def test_a_task_that_kills_its_worker_at_once_still_uses_up_its_attempts(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # Workers start what they read at once and record the start a moment later: a worker that
+    # dies in between must still have used an attempt, or such a task would go round forever.
+    fleet.dispatcher()
+    workers = [fleet.worker("poison", handler="tests.handlers:dies") for _ in range(3)]
+    handle = client.submit("poison", {"n": "p"})
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=90)
+    assert failed.value.reason == "retries_exhausted"
+    assert runs(r, prefix) == {"p": 3}
+    assert [w.wait(10) for w in workers] == [3, 3, 3]
+    types = [e.type for e in all_events(client, handle.task_id)]
+    assert types.count("accepted") == 3 and types.count("reclaimed") == 3
+
+
 def test_sigstop_beyond_the_lease_then_sigcont_late_result_rejected(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:

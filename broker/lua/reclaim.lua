@@ -27,15 +27,19 @@ for i = 0, n - 1 do
     local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
     if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
       local was = t.state
-      set(t, 'fence', (tonumber(t.fence) or 0) + 1)
-      if was == 'running' then
-        redis.call('HINCRBY', KEYS[5], 'cf:' .. agent, 1)
-        redis.call('HSET', KEYS[5], 'lf:' .. agent, jint(now))
+      if was == 'dispatched' then
+        -- Read but its start not recorded: agents start what they read at once and record
+        -- starts a moment later, so count the attempt now. (Else a task that kills its agent
+        -- at once would never use up its attempts.)
+        start_attempt(c, t, agent, '', now)
       end
+      set(t, 'fence', (tonumber(t.fence) or 0) + 1)
+      redis.call('HINCRBY', KEYS[5], 'cf:' .. agent, 1)
+      redis.call('HSET', KEYS[5], 'lf:' .. agent, jint(now))
       local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or 1
       local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(was) .. '}'
       event(c, t, 'reclaimed', agent, now, data)
-      if was == 'running' and attempt >= most then
+      if attempt >= most then
         fail_task(c, t, KEYS[3], 'retries_exhausted',
           ARGV[8] .. ' on the last attempt (' .. attempt .. ' of ' .. most .. ')', agent, now)
         failed = failed + 1
