@@ -41,6 +41,13 @@ EXPLAIN_TTL_MS = 15 * 60 * 1000
 HOUSEKEEPING_S = 0.05
 DISPATCH_CALL_TASKS = 128
 """Most tasks one dispatch call hands off (a script blocks Redis while it runs)."""
+ROUND_TASKS_PER_AGENT = 4
+MAX_ROUND_TASKS = 4096
+"""A round with many agents takes up to ROUND_TASKS_PER_AGENT ready tasks per eligible agent
+(at most MAX_ROUND_TASKS), not just dispatch_batch."""
+ROUND_GATHER_S = 0.001
+"""A round that completions call for waits this long first, so that the completions of a burst
+make one round (one round trip) instead of one each; new tasks and registry changes do not."""
 PEEK_MIN = 16
 """A dispatch call returns at least this many of the ready tasks it leaves (see _dispatch)."""
 GRANT_TTL_TICKS = 3
@@ -68,8 +75,13 @@ class CapabilityLoop:
         self._snapshot_id = ""
         self._snapshot_at = 0.0
         self._snapshot_seen: frozenset[str] = frozenset()
+        self._snapshot_seq = 0
+        """Snapshot ids are the dispatcher's tag and a count: short, as every task's record
+        names its round."""
         self._maybe_queued = True
         """Tasks may wait in the ready queue (cleared by a round that drains it)."""
+        self._urgent = False
+        """A wake-up that must not wait (new tasks, registry changes)."""
         self._head: list[tuple[str, float]] | None = None
         """The front of the ready queue (local id, score) as the last dispatch call left it, so
         the next round needs no read of its own; dropped whenever the queue may have changed
@@ -91,6 +103,7 @@ class CapabilityLoop:
         self.expired = 0
 
     def kick(self, new_tasks: bool = False) -> None:
+        self._urgent = True
         if new_tasks:
             self._next_deadline_ms = None  # a new task may carry an earlier deadline
             self._next_housekeeping = 0.0
@@ -107,6 +120,8 @@ class CapabilityLoop:
         low or the agent's health moved (its circuit may have opened: its grants must go).
         (Otherwise its room shows in the next grants, which stand meanwhile: no round per
         completion while tasks go straight to agents.)"""
+        if health_changed:
+            self._urgent = True
         if health_changed or self._maybe_queued or self._grants_left * 2 < self._grants_written:
             self._wake.set()
 
@@ -117,6 +132,11 @@ class CapabilityLoop:
             self._wake.set()
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
+        """An agent's exact inbox load: entries not finished, and those it has read (running);
+        running -1: not known (the dispatch call did not need to look), so at most what it was."""
+        if running < 0:
+            before = self.loads.get(agent_id)
+            running = min(before.running if before else 0, outstanding)
         self.loads[agent_id] = routing.InboxLoad(outstanding, running)
 
     def note_speed(self, agent_id: str, finished: int, exec_ms: float) -> None:
@@ -156,6 +176,11 @@ class CapabilityLoop:
                 # (a lost wake-up message must not strand a task)
                 self._maybe_queued = True
                 self._forget_head()
+                continue
+            if not self._urgent:
+                # Woken by a completion: gather the rest of its burst into the same round.
+                await asyncio.sleep(ROUND_GATHER_S)
+            self._urgent = False
 
     def _idle_timeout(self) -> float:
         timeout = self.d.settings.idle_tick_ms / 1000
@@ -395,9 +420,11 @@ class CapabilityLoop:
             return 0
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
-        # Setting a round up costs time per agent; with many agents, take at least one task per
-        # eligible agent so that cost is spread over as many decisions.
-        want = min(round_.capacity, max(settings.dispatch_batch, len(round_.agents)))
+        # Setting a round up costs time per agent, and so does each agent's part of a dispatch
+        # call: with many agents, take several tasks per eligible agent (as room allows) so that
+        # cost is spread over as many decisions.
+        want = min(round_.capacity, max(settings.dispatch_batch,
+                                        min(ROUND_TASKS_PER_AGENT * len(round_.agents), MAX_ROUND_TASKS)))
         tasks = await self._ready_tasks(want) if want > 0 else []
         # The queue is empty once these are routed: the room left is granted, so that the next
         # tasks go to an agent without waiting for a round (see submit.lua).
@@ -410,20 +437,12 @@ class CapabilityLoop:
             return 0
         snapshot_id = await self._snapshot(round_)
         plan: dict[str, list[tuple[str, str]]] = {}
-        # The same JSON as codec.dumps({"round", "why", "score", "eligible", "at"}), formatted
-        # by hand: this runs for every task and a generic encoder costs more than the rest.
-        round_json = codec.dumps(snapshot_id)
-        why_json: dict[str, str] = {}
         for task in tasks:
             choice = round_.choose(task)
             if choice is None:
                 continue
-            reason = why_json.get(choice.why)
-            if reason is None:
-                reason = why_json[choice.why] = codec.dumps(choice.why)
-            why = (f'{{"round":{round_json},"why":{reason},'
-                   f'"score":{float(choice.score)!r},"eligible":{int(choice.eligible)},"at":{int(now)}}}')
-            plan.setdefault(choice.agent_id, []).append((task.local_id, why))
+            plan.setdefault(choice.agent_id, []).append(
+                (task.local_id, routing.explanation(snapshot_id, choice)))
         by_id = {c.agent_id: c for c in candidates}
         batches = [protocol.AgentBatch(agent_id, routing.max_unread(by_id[agent_id], settings), items)
                    for agent_id, items in plan.items()]
@@ -504,10 +523,12 @@ class CapabilityLoop:
         seen = frozenset([*(c.agent_id for c in round_.agents), *round_.filtered])
         if self._snapshot_id and now - self._snapshot_at < 1.0 and seen == self._snapshot_seen:
             return self._snapshot_id
-        self._snapshot_id = f"{self.d.dispatcher_id}-{int(now * 1000)}"
+        self._snapshot_seq += 1
+        self._snapshot_id = f"{self.d.tag}.{self._snapshot_seq:x}"
         self._snapshot_at = now
         self._snapshot_seen = seen
-        await self.d.redis.set(self.keys.explain(self._snapshot_id), codec.dumps(round_.snapshot()),
+        snapshot = {"dispatcher": self.d.dispatcher_id, **round_.snapshot()}
+        await self.d.redis.set(self.keys.explain(self._snapshot_id), codec.dumps(snapshot),
                                px=EXPLAIN_TTL_MS)
         return self._snapshot_id
 

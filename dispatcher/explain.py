@@ -83,8 +83,9 @@ def explain(client: Any, settings: Settings, task_id: str) -> dict[str, Any]:
         "round": None,
         "now": None,
     }
-    decision = _json(record.get("explain"))
-    if isinstance(decision, dict):
+    decision = routing.parse_explanation(record.get("explain"))
+    if decision is not None:
+        decision["at"] = int(record["dispatched_at"]) if record.get("dispatched_at") else None
         decision["agent_id"] = record.get("agent_id") or None
         out["decision"] = decision
         if decision.get("round"):

@@ -126,6 +126,27 @@ def decode_queue_score(score: float) -> tuple[int, bool]:
     return max(0, min(9, steps // 2 - 1)), bool(steps % 2)
 
 
+def explanation(round_id: str, choice: Choice) -> str:
+    """What a task's record keeps of its routing decision (field `explain`, for reach explain):
+    `round|why|score|eligible agents`, short enough for Redis to keep the record compact."""
+    return f"{round_id}|{choice.why}|{choice.score:g}|{choice.eligible}"
+
+
+def parse_explanation(text: str | None) -> dict[str, Any] | None:
+    """The decision an `explain` field records: round, why, score, eligible (None if none)."""
+    if not text:
+        return None
+    parts = text.split("|")
+    if len(parts) != 4:
+        return None
+    round_id, why, score, eligible = parts
+    try:
+        return {"round": round_id or None, "why": why, "score": float(score) if score else None,
+                "eligible": int(eligible) if eligible else None}
+    except ValueError:
+        return None
+
+
 def max_unread(candidate: Candidate, settings: Settings) -> int:
     return settings.backlog_factor * candidate.max_concurrency
 

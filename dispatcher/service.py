@@ -49,6 +49,9 @@ class Dispatcher:
         self.dispatcher_id = dispatcher_id or (
             f"dispatcher-{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(2)}"
         )
+        self.tag = secrets.token_hex(3)
+        """A short name for this dispatcher in the routing decisions it records (see
+        routing.explanation); its log says which dispatcher id it stands for."""
         self.loops: dict[str, CapabilityLoop] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._registry_dirty = asyncio.Event()
@@ -63,7 +66,7 @@ class Dispatcher:
         self.scripts = AsyncScripts(self.redis)
         self.view = RegistryView(self.settings, self.redis)
         self.health = HealthWatcher(self)
-        log.info("dispatcher %s starting on %s (prefix %r)", self.dispatcher_id,
+        log.info("dispatcher %s (tag %s) starting on %s (prefix %r)", self.dispatcher_id, self.tag,
                  self.settings.redacted_url(), self.settings.prefix)
         await asyncio.to_thread(connection.check_eviction, self.settings)
         await connection.with_reconnect(self._refresh)

@@ -19,6 +19,7 @@ import redis
 
 from broker import ReachClient, Settings
 from broker.keys import CapabilityKeys, RegistryKeys
+from dispatcher.routing import parse_explanation
 from tests.conftest import ROOT, Fleet, settings_env
 from tests.handlers import runs
 from tests.sim_fleet import CONCURRENCY, capability_of
@@ -49,8 +50,8 @@ def test_three_dispatchers_killed_at_random_share_the_load_and_lose_nothing(
     by_dispatcher: Counter[str] = Counter()
     for h in handles:
         capability, local = h.task_id.split(":")
-        explain = r.hget(CapabilityKeys(prefix, capability).task(local), "explain") or "{}"
-        by_dispatcher[json.loads(explain).get("round", "?").rsplit("-", 1)[0]] += 1
+        decision = parse_explanation(r.hget(CapabilityKeys(prefix, capability).task(local), "explain"))
+        by_dispatcher[(decision or {}).get("round", "?").split(".", 1)[0]] += 1  # (tag.count)
     assert len(by_dispatcher) >= 3, by_dispatcher
     assert max(by_dispatcher.values()) < 0.8 * len(handles), f"one hot dispatcher: {by_dispatcher}"
 

@@ -1,10 +1,11 @@
 """Stands in for a fleet of agents while the dispatcher is measured: drains their inboxes.
 
 For every inbox (one per simulated agent) it reads new entries through the `agents` group and,
-in one small script per inbox, acknowledges and deletes them and publishes the same
-`free <cap> <agent> <len> <pending>` wake-up that Reach's complete script sends, so the
-dispatcher sees the capacity come back exactly as with real workers. It runs no tasks: the
-dispatcher is what is measured.
+in one small script per read (every inbox it read from), acknowledges and deletes them and
+publishes for each inbox the same `free <cap> <agent> <len> <pending>` wake-up that Reach's
+complete script sends, so the dispatcher sees the capacity come back exactly as with real
+workers. It runs no tasks and is kept cheap: it stands in for agents on other machines, while
+the dispatcher is what is measured.
 
     python -m bench.workers.sim_consumer --url URL --prefix P --cap sim --agents 100
 """
@@ -19,13 +20,21 @@ import redis
 from bench.workers.control import Control, Span
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 
+# KEYS: the inboxes read from; ARGV[1] wake channel, ARGV[2] capability, then per inbox: its
+# agent id, its entry count k, then its k entry ids. (Everything read is acknowledged, so
+# nothing stays pending.)
 FREE = """
-redis.call('XACK', KEYS[1], 'agents', unpack(ARGV, 4))
-redis.call('XDEL', KEYS[1], unpack(ARGV, 4))
-local len = redis.call('XLEN', KEYS[1])
-local pending = redis.call('XPENDING', KEYS[1], 'agents')[1]
-redis.call('PUBLISH', ARGV[1], 'free ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. len .. ' ' .. pending)
-return len
+local a = 3
+for i = 1, #KEYS do
+  local agent, k = ARGV[a], tonumber(ARGV[a + 1])
+  local ids = {unpack(ARGV, a + 2, a + 1 + k)}
+  redis.call('XACK', KEYS[i], 'agents', unpack(ids))
+  redis.call('XDEL', KEYS[i], unpack(ids))
+  local len = redis.call('XLEN', KEYS[i])
+  redis.call('PUBLISH', ARGV[1], 'free ' .. ARGV[2] .. ' ' .. agent .. ' ' .. len .. ' 0')
+  a = a + 2 + k
+end
+return #KEYS
 """
 
 
@@ -54,14 +63,14 @@ def main() -> None:
         reply = r.xreadgroup(AGENT_GROUP, "sim", streams, count=200, block=100)
         if not reply:
             continue
-        pipe = r.pipeline(transaction=False)
+        keys: list[str] = []
+        argv: list[Any] = [wake, args.cap]
         total = 0
         for stream, entries in reply:
-            ids = [entry_id for entry_id, _ in entries]
-            agent = stream.rsplit(":inbox:", 1)[1]
-            free(keys=[stream], args=[wake, args.cap, agent, *ids], client=pipe)
-            total += len(ids)
-        pipe.execute()
+            keys.append(stream)
+            argv += [stream.rsplit(":inbox:", 1)[1], len(entries), *(entry_id for entry_id, _ in entries)]
+            total += len(entries)
+        free(keys=keys, args=argv)
         span.mark(0, total)
 
 

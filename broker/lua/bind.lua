@@ -5,7 +5,7 @@
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 redis.call('HDEL', KEYS[1], 'draining:' .. ARGV[1])
 redis.call('SADD', KEYS[2], ARGV[1])
-if redis.call('EXISTS', KEYS[3]) == 0 then
-  redis.call('XGROUP', 'CREATE', KEYS[3], 'agents', '0', 'MKSTREAM')
-end
+-- The inbox and its group (also when the stream exists without the group, e.g. after an
+-- entry was added to a deleted inbox: dispatchers count on the group being there).
+pcall(redis.call, 'XGROUP', 'CREATE', KEYS[3], 'agents', '0', 'MKSTREAM')
 return 1

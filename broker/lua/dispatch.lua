@@ -2,7 +2,7 @@
 -- One call serves one routing round's choices for one or more agents.
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] dead-letter stream
 -- KEYS[4] agent tokens hash   KEYS[5] capability stats hash (counts what was dispatched)
--- KEYS[6] sessions hash   KEYS[7] inboxes set
+-- KEYS[6] sessions hash   KEYS[7] inboxes set (unused since inboxes exist from registration on)
 -- then KEYS[8..7+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
 -- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
 -- ARGV[5] how many of the ready tasks left in the queue afterwards to return (0: none): the
@@ -15,7 +15,8 @@
 -- full stay in the queue for another agent. An agent that deregistered (no token) or is
 -- draining gets nothing, whatever the caller's view of the registry says. Each inbox entry
 -- carries what the agent needs to start the task (see deliver in _lib.lua).
--- Returns for each agent 6 values: inbox length, inbox pending, dispatched, taken, expired, left;
+-- Returns for each agent 6 values: inbox length, inbox pending (-1: not looked at, the inbox
+-- being far from its limit), dispatched, taken, expired, left;
 -- then the first ARGV[5] ready tasks as local id, score pairs.
 local c = context(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
 local agents = tonumber(ARGV[4])
@@ -35,17 +36,16 @@ for j = 0, agents - 1 do
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = count
   else
-    local len, pending = inbox_load(inbox)
-    if len == 0 and redis.call('EXISTS', inbox) == 0 then
-      redis.call('XGROUP', 'CREATE', inbox, 'agents', '0', 'MKSTREAM')
-      redis.call('SADD', KEYS[7], agent)
-    end
+    -- (An agent with a token has an inbox with its group: registration makes them, and both
+    -- go only once the token went.) How many it has read matters only near the limit.
+    local len, pending = redis.call('XLEN', inbox), -1
+    if len + count > max_unread then len, pending = inbox_load(inbox) end
     local dispatched, taken, expired, left = 0, 0, 0, 0
     for i = first, first + count - 1 do
       local task_key = KEYS[8 + agents + i]
       local a = 6 + 3 * agents + 2 * i
       local local_id = ARGV[a]
-      if len - pending >= max_unread then
+      if pending >= 0 and len - pending >= max_unread then
         left = first + count - i
         break
       end

@@ -111,8 +111,7 @@ for i = 0, n - 1 do
       grant = next_grant(priority)
     end
     if grant then
-      local why = '{"round":' .. jstr(grant[3]) .. ',"why":"grant","score":' ..
-        (tonumber(grant[4]) and grant[4] or 'null') .. ',"eligible":null,"at":' .. now_s .. '}'
+      local why = grant[3] .. '|grant|' .. grant[4] .. '|'  -- (see routing.explanation)
       -- (the record as deliver() reads it: DELIVERY_FIELDS)
       local f = {'queued', '0', seq, '0', false, task_id, deadline_at, ARGV[a + 2], ARGV[a + 7],
                  ARGV[a + 9], ARGV[a + 4], ARGV[a + 10], ARGV[a + 11]}
