@@ -135,6 +135,8 @@ class Worker:
         self._timer_at = 0.0
         """One timer for the execution timeouts of every running attempt (see _on_timer)."""
         self._freed = 0
+        self._inbox_busy = True
+        """Whether the inbox held unread entries at the last report (see _flusher)."""
         """Slots of ended tasks kept for the flusher, which reads the next entries with the
         report of those tasks (one round trip for both; only with one capability)."""
         self._held: set[str] = set()
@@ -542,8 +544,10 @@ class Worker:
             completions, self._completions = self._completions, {}
             unrecorded, self._unrecorded = self._unrecorded, {}
             read, self._freed = self._freed, 0
-            if self._stopping:
-                self._release(read)  # (nothing new is read while draining)
+            if self._stopping or not self._inbox_busy:
+                # Nothing new is read while draining; and nothing is asked for when the inbox
+                # was empty at the last report (the reader's blocking read catches what comes).
+                self._release(read)
                 read = 0
             for capability in {*completions, *unrecorded}:
                 # Started and still running: record the start. (Those that ended are started
@@ -594,11 +598,13 @@ class Worker:
             raise
         if starts:
             self._on_starts_recorded(capability, starts, replies[0])
+        entries = (replies[-1][0][1] if replies[-1] else []) if read else []
         if done:
             self._held.difference_update(c.entry_id for c in done)
-            self._on_completed(capability, done, replies[len(calls) - 1])
+            complete = protocol.parse_complete(replies[len(calls) - 1])
+            self._on_completed(capability, done, complete)
+            self._inbox_busy = complete.inbox_len - complete.inbox_pending > len(entries)
         if read:
-            entries = replies[-1][0][1] if replies[-1] else []
             self._release(read - len(entries))
             if entries:
                 await self._begin(self.bindings[capability], ck, entries, True)
@@ -615,8 +621,8 @@ class Worker:
                 log.warning("task %s: %s before it started here; stopping it", item.ctx.task_id, status)
                 self._cancel_running(item)
 
-    def _on_completed(self, capability: str, items: list[protocol.Completion], raw: list[Any]) -> None:
-        reply = protocol.parse_complete(raw)
+    def _on_completed(self, capability: str, items: list[protocol.Completion],
+                      reply: protocol.CompleteReply) -> None:
         if reply.refused:
             log.error("results for %s refused (token); leases will hand the tasks on", capability)
             self._reregister.set()
