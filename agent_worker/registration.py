@@ -57,7 +57,7 @@ class HeartbeatThread(threading.Thread):
     """Beats every heartbeat_ms (and at once when asked), carrying the worker's stats."""
 
     def __init__(self, settings: Settings, agent_id: str, token: Callable[[], str],
-                 stats: Callable[[], dict[str, Any]], on_refused: Callable[[], None]) -> None:
+                 stats: Callable[[], dict[str, Any]], on_refused: Callable[[str], None]) -> None:
         super().__init__(name="reach-heartbeat", daemon=True)
         self.settings = settings
         self.agent_id = agent_id
@@ -111,8 +111,9 @@ class HeartbeatThread(threading.Thread):
             # storm the registry's readers.
             fresh = changed(self._sent, stats) or time.monotonic() - self._sent_at >= FULL_STATS_EVERY_S
             sent_at = time.time()
+            token = self._token()
             reply = self._scripts(protocol.heartbeat_call(
-                self.settings, self.agent_id, self._token(), stats, self._mode, significant=fresh
+                self.settings, self.agent_id, token, stats, self._mode, significant=fresh
             ))
             if reply[0] == "ok" and len(reply) > 1:
                 self.clock_offset_ms = int(reply[1]) - (sent_at + time.time()) * 500
@@ -124,9 +125,12 @@ class HeartbeatThread(threading.Thread):
                 log.warning("heartbeat failed (%s); the agent keeps working", exc)
             return False
         if reply[0] != "ok":
+            if token != self._token():  # (registered again while it was on its way: beat anew)
+                self._wake.set()
+                return False
             log.error("registry refused this agent's heartbeat (%s); registering again", reply[0])
             self._sent = {}
-            self._on_refused()
+            self._on_refused(token)
             return False
         self.failures = 0
         self.beats += 1

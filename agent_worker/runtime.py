@@ -156,6 +156,7 @@ class Worker:
         self._slot_freed = asyncio.Event()
         self._flush_event = asyncio.Event()
         self._reregister = asyncio.Event()
+        self._refused_token = ""
         self._redis: Any = connection.async_client(self.settings)
         self._scripts = AsyncScripts(self._redis)
         self._piggyback = len(self.bindings) == 1 and not connection.is_cluster(self._redis)
@@ -169,7 +170,7 @@ class Worker:
         await asyncio.to_thread(connection.check_eviction, self.settings)
         self._heartbeat = HeartbeatThread(
             self.settings, self.agent_id, lambda: self.token, self.heartbeat_stats,
-            self._reregister_from_thread,
+            self._heartbeat_refused,
         )
         # Registration retries in the background while Redis is away; the readers wait for it.
         self._registered = asyncio.Event()
@@ -210,8 +211,20 @@ class Worker:
         log.info("signal received: draining (again to exit at once)")
         self.stop()
 
-    def _reregister_from_thread(self) -> None:
-        self._loop.call_soon_threadsafe(self._reregister.set)
+    def _heartbeat_refused(self, token: str) -> None:
+        self._loop.call_soon_threadsafe(self._refused, token, "")
+
+    def _refused(self, token: str, what: str) -> None:
+        """Redis refused `token` (for `what`): register again, once however many calls carried
+        it. A token replaced since the call went out says nothing about the new one, and
+        registering once more would only make the calls now in flight refused in turn."""
+        if token != self.token:
+            log.info("%s refused for a token replaced since", what or "heartbeat")
+            return
+        if what:
+            log.error("%s refused (token); registering again", what)
+        self._refused_token = token
+        self._reregister.set()
 
     async def _register(self) -> str:
         return await register(self.settings, self._redis, self._scripts, self.descriptor)
@@ -222,6 +235,8 @@ class Worker:
         while True:
             await self._reregister.wait()
             self._reregister.clear()
+            if self._registered.is_set() and self._refused_token != self.token:
+                continue  # (refused more than once; registered again since the first)
             self.token = await connection.with_reconnect(self._register)
             if not self._registered.is_set():
                 self._registered.set()
@@ -406,13 +421,13 @@ class Worker:
 
     async def _accept_entries(self, binding: Binding, deliveries: list[protocol.Delivery]) -> int:
         """Accept deliveries before starting them; returns how many tasks were started."""
-        call = protocol.accept_call(self.settings, binding.capability, self.agent_id, self.token,
+        token = self.token
+        call = protocol.accept_call(self.settings, binding.capability, self.agent_id, token,
                                     deliveries)
         reply = await connection.with_reconnect(lambda: self._scripts(call))
         parsed = protocol.parse_accept(deliveries, reply)
         if parsed.refused:
-            log.error("inbox %s: our token was refused; registering again", binding.capability)
-            self._reregister.set()
+            self._refused(token, f"accepting {binding.capability} tasks")
             return 0
         for accepted in parsed.accepted:
             self._start(binding, accepted, recorded=True)
@@ -571,14 +586,15 @@ class Worker:
         already is recognised ('ok'/'done'), so is a report applied already ('dup'), and the
         entries a lost reply delivered are looked for again (_recover)."""
         calls = []
+        token = self.token
         if starts:
             calls.append(protocol.accept_call(
-                self.settings, capability, self.agent_id, self.token,
+                self.settings, capability, self.agent_id, token,
                 [protocol.Delivery(i.lease.entry_id, i.lease.local_id, i.lease.fence) for i in starts],
                 started=True))
         if done:
             calls.append(protocol.complete_call(self.settings, capability, self.agent_id,
-                                                self.token, done))
+                                                token, done))
         ck = CapabilityKeys(self.settings.prefix, capability)
         extra = [("XREADGROUP", "GROUP", AGENT_GROUP, self.agent_id, "COUNT", read, "STREAMS",
                   ck.inbox(self.agent_id), ">")] if read else []
@@ -597,23 +613,30 @@ class Worker:
             self._release(read)
             raise
         if starts:
-            self._on_starts_recorded(capability, starts, replies[0])
-        entries = (replies[-1][0][1] if replies[-1] else []) if read else []
+            self._on_starts_recorded(capability, starts, replies[0], token)
+        entries = []
+        if read and isinstance(replies[-1], Exception):
+            # (e.g. NOGROUP: the inbox went; the reader makes it again and looks there first)
+            log.warning("reading inbox %s with a report failed (%s)", ck.inbox(self.agent_id),
+                        replies[-1])
+            self._recover.add(capability)
+        elif read and replies[-1]:
+            entries = replies[-1][0][1]
         if done:
             self._held.difference_update(c.entry_id for c in done)
             complete = protocol.parse_complete(replies[len(calls) - 1])
-            self._on_completed(capability, done, complete)
+            self._on_completed(capability, done, complete, token)
             self._inbox_busy = complete.inbox_len - complete.inbox_pending > len(entries)
         if read:
             self._release(read - len(entries))
             if entries:
                 await self._begin(self.bindings[capability], ck, entries, True)
 
-    def _on_starts_recorded(self, capability: str, starts: list[Running], reply: list[Any]) -> None:
+    def _on_starts_recorded(self, capability: str, starts: list[Running], reply: list[Any],
+                            token: str) -> None:
         statuses = protocol.parse_accept_statuses(reply)
         if statuses is None:
-            log.error("starts of %s tasks refused (token); registering again", capability)
-            self._reregister.set()
+            self._refused(token, f"starts of {capability} tasks")
             return
         for status, item in zip(statuses, starts, strict=True):
             if status not in ("ok", "done") and self.running.get(item.ctx.task_id) is item:
@@ -622,10 +645,10 @@ class Worker:
                 self._cancel_running(item)
 
     def _on_completed(self, capability: str, items: list[protocol.Completion],
-                      reply: protocol.CompleteReply) -> None:
+                      reply: protocol.CompleteReply, token: str) -> None:
         if reply.refused:
-            log.error("results for %s refused (token); leases will hand the tasks on", capability)
-            self._reregister.set()
+            # (their leases hand the tasks on)
+            self._refused(token, f"results for {capability}")
             return
         for status, item in zip(reply.statuses, items, strict=True):
             self.stats.done += 1
@@ -648,16 +671,17 @@ class Worker:
             for item in list(self.running.values()):
                 by_capability.setdefault(item.binding.capability, []).append(item)
             for capability, items in by_capability.items():
+                token = self.token
                 try:
                     reply = await self._scripts(protocol.renew_call(
-                        self.settings, capability, self.agent_id, self.token,
+                        self.settings, capability, self.agent_id, token,
                         [item.lease for item in items],
                     ))
                 except connection.TRANSIENT_ERRORS as exc:
                     log.warning("lease renewal failed (%s); will retry", exc)
                     continue
                 if reply and reply[0] == "REFUSED":
-                    self._reregister.set()
+                    self._refused(token, f"lease renewal of {capability} tasks")
                     continue
                 for status, item in zip(reply, items, strict=True):
                     if status != "ok" and item.ctx.task_id in self.running:  # (not just finished)

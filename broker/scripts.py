@@ -82,9 +82,10 @@ class AsyncScripts:
 
     async def run_all(self, calls: list[ScriptCall], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run several calls in one round trip, in order, each atomic on its own (not all
-        together), then the plain commands in `extra` (their replies follow the calls'). A
-        call whose script Redis lacks is run again alone, which loads it. On Cluster, whose
-        pipelines refuse EVALSHA, the calls go one by one (and `extra` is not allowed)."""
+        together), then the plain commands in `extra` (their replies follow the calls'; an
+        error of theirs is returned, not raised: the calls' effects stand). A call whose script
+        Redis lacks is run again alone, which loads it. On Cluster, whose pipelines refuse
+        EVALSHA, the calls go one by one (and `extra` is not allowed)."""
         if self._cluster:
             if extra:
                 raise ValueError("extra commands need a pipeline, which Cluster does not offer here")
@@ -101,7 +102,7 @@ class AsyncScripts:
         for i, reply in enumerate(replies):
             if i < len(calls) and isinstance(reply, redis.exceptions.NoScriptError):
                 reply = await self(calls[i])
-            elif isinstance(reply, Exception):
+            elif i < len(calls) and isinstance(reply, Exception):
                 raise reply
             out.append(reply)
         return out

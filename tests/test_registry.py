@@ -486,6 +486,35 @@ def test_an_agent_offline_past_prune_after_is_pruned_and_registers_again_when_it
     assert [row.agent_id for row in agent_rows(r, settings)] == [w.agent_id]
 
 
+def test_an_agent_pruned_while_running_a_task_finishes_it_and_serves_on_a_new_inbox(
+    make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # Frozen mid-task past prune_after: its task is handed on and its (then empty) inbox is
+    # deleted. When it wakes, the report of the old task (refused: the token went) and the
+    # read that comes with it (NOGROUP: the inbox went) must not stop it.
+    settings = make_settings(prune_after_ms=3000)
+    fleet.dispatcher(settings=settings)
+    w = fleet.worker("prunerun", handler="tests.handlers:sleepy", concurrency=1, settings=settings)
+    assert w.agent_id
+    ck = CapabilityKeys(prefix, "prunerun")
+    with ReachClient(settings) as client:
+        handle = client.submit("prunerun", {"n": "a", "s": 1.0})
+        wait_until(lambda: handle.status().state == "running", timeout=10, message="the task running")
+        w.signal(signal.SIGSTOP)
+        try:
+            wait_until(lambda: any(e["type"] == "pruned"
+                                   for e in registry_events(r, prefix, w.agent_id or "")),
+                       timeout=20, message="the frozen agent pruned")
+            wait_until(lambda: not r.exists(ck.inbox(w.agent_id or "")), timeout=5,
+                       message="its inbox deleted")
+        finally:
+            w.signal(signal.SIGCONT)
+        assert handle.result(timeout=30)["attempt"] == 2, "the lost lease's attempt is not the one kept"
+        assert client.run("prunerun", {"n": "b", "s": 0}, timeout=30)["attempt"] == 1
+    alive(w)
+    assert "Traceback" not in w.output()
+
+
 # -- tokens -----------------------------------------------------------------------------------
 
 
@@ -814,7 +843,9 @@ def test_a_worker_started_while_redis_is_down_registers_when_it_comes_up(tmp_pat
             assert client.run("late", {"n": 1}, timeout=30) == {"n": 1}
         r = redis.Redis.from_url(settings.redis_url, decode_responses=True)
         try:
-            assert agent_stats(r, "down", w.agent_id).get("inflight") == 0, "heartbeats arrive"
+            # stats come with each heartbeat; the one after the result shows the slot free again
+            wait_until(lambda: agent_stats(r, "down", w.agent_id).get("inflight") == 0, timeout=10,
+                       message="a heartbeat after the task to show its slot free")
         finally:
             r.close()
         alive(w)
