@@ -22,6 +22,36 @@ class NotStrictJson(ValueError):
 
 def check_json_value(value: Any, where: str = "payload") -> None:
     """Raise NotStrictJson if `value` is not a strict-JSON value."""
+    if not _is_strict(value):
+        _explain(value, where)
+        raise NotStrictJson(f"{where} is not strict JSON")  # (_explain names where, always)
+
+
+def _is_strict(value: Any) -> bool:
+    """Whether `value` is strict JSON: the walk every payload and result takes, without the
+    path names that only a refusal needs (building them cost more than the rest)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, _SCALARS):
+            continue
+        elif isinstance(item, dict):
+            for key in item:
+                if not isinstance(key, str):
+                    return False
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        else:
+            return False
+    return True
+
+
+def _explain(value: Any, where: str) -> None:
+    """Raise NotStrictJson naming where `value` first fails to be strict JSON."""
     stack: list[tuple[Any, str]] = [(value, where)]
     while stack:
         item, path = stack.pop()
