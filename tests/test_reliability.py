@@ -425,3 +425,65 @@ def test_killing_random_workers_while_5000_tasks_flow(make_settings: Any, fleet:
         for h in rng.sample(handles, 300):
             assert terminal_count(types_of(client, h.task_id)) == 1
         assert set(runs(r, prefix)) == {str(i) for i in range(5000)}
+
+
+def test_killing_random_workers_while_tasks_go_straight_from_submit_to_agents(
+    request: pytest.FixtureRequest, make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # The direct hand-off at full speed: tasks submitted one by one into a near-empty queue go
+    # to agents by grant (no dispatcher round), and agents die with such tasks unread, read
+    # and unrecorded, or running. Each must still end exactly once, and run only once per
+    # attempt it is counted for.
+    if request.node.callspec.params.get("redis_url") not in ("embedded", "env"):
+        pytest.skip("the chaos load test runs once per session, on the session's own Redis")
+    import random
+
+    settings = make_settings(lease_ms=1500, suspect_after_ms=1000, offline_after_ms=2000)
+    rng = random.Random(7)
+    ck = CapabilityKeys(prefix, "straight")
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        workers = [fleet.worker("straight", handler="tests.handlers:sleepy", concurrency=8,
+                                settings=settings) for _ in range(3)]
+        assert client.run("straight", {"n": "warm", "s": 0}, timeout=30)["attempt"] == 1
+        wait_until(lambda: r.llen(ck.grants) > 0, message="the dispatcher's grants")
+        handles = []
+        kills = 0
+        next_kill = time.monotonic() + 0.5
+        for i in range(2000):
+            handles.append(client.submit("straight", {"n": i, "s": 0.02}))
+            time.sleep(0.002)  # the producer's pace (about 400 tasks/s), not a wait for anything
+            if time.monotonic() >= next_kill:
+                victim = rng.choice([w for w in workers if w.popen.poll() is None])
+                victim.kill()
+                kills += 1
+                workers.remove(victim)
+                workers.append(fleet.worker("straight", handler="tests.handlers:sleepy",
+                                            concurrency=8, settings=settings, wait=False))
+                next_kill = time.monotonic() + 0.5
+        assert kills >= 3
+        outcomes: Counter[str] = Counter()
+        succeeded = set()
+        for i, h in enumerate(handles):
+            try:
+                h.result(timeout=120)
+                outcomes["succeeded"] += 1
+                succeeded.add(str(i))
+            except TaskFailed as exc:
+                outcomes[exc.reason] += 1
+        assert sum(outcomes.values()) == 2000
+        pipe = r.pipeline(transaction=False)
+        for h in handles:
+            pipe.hmget(ck.task(h.task_id.split(":", 1)[1]), ["explain", "attempt"])
+        rows = pipe.execute()
+        direct = sum((explain or "").split("|")[1:2] == ["grant"] for explain, _ in rows)
+        assert direct >= 500, f"only {direct} of 2000 tasks went by grant: the hand-off was not tested"
+        counts = runs(r, prefix)
+        assert succeeded <= set(counts), "every task that succeeded ran"
+        for i, (_, attempt) in enumerate(rows):
+            ran = counts.get(str(i), 0)
+            assert ran <= int(attempt), f"task {i}: {ran} runs in {attempt} attempt(s)"
+        dlq = r.xrange(ck.dlq)
+        assert len(dlq) == len({e[1]["task_id"] for e in dlq}) == 2000 - outcomes["succeeded"]
+        for h in rng.sample(handles, 200):
+            assert terminal_count(types_of(client, h.task_id)) == 1
