@@ -12,9 +12,11 @@ Two measurements, because they answer different questions:
    rate is (n-1) / (last dispatched_at - first dispatched_at) from the task records (server
    clock). The dispatcher's CPU use over the same span says whether it was CPU-bound or waiting
    for Redis.
-2. **The routing code alone, in process**: `CapabilityLoop.candidates()` + `routing.room` +
-   `routing.assign` for batches of `dispatch_batch` ready tasks over the same number of healthy
-   agents, no Redis, timed with process CPU time: the ceiling the pure-Python choice sets.
+2. **The routing code alone, in process**: rounds as `CapabilityLoop._route` makes them, minus
+   Redis: `candidates()`, a `routing.RoutingRound`, as many ready tasks as the dispatcher takes
+   in one round (up to ROUND_TASKS_PER_AGENT per eligible agent), a choice and an explanation
+   string per task, over the same number of healthy agents, timed with process CPU time: the
+   ceiling the pure-Python choice sets.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import threading
 import time
 from types import SimpleNamespace
@@ -38,7 +41,7 @@ from broker.models import AgentDescriptor
 from broker.registry import AgentRecord
 from broker.scripts import Scripts
 from broker.settings import Settings
-from dispatcher import routing
+from dispatcher import capability, routing
 from dispatcher.capability import CapabilityLoop
 from dispatcher.registry_view import RegistryView
 
@@ -184,8 +187,8 @@ def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
 def measure_routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
     """Decisions per CPU-second of the routing code alone (no Redis, no I/O).
 
-    This drives the dispatcher's internals (CapabilityLoop.candidates, routing.room and
-    routing.assign), which change as routing evolves: when they no longer fit, the figure is
+    This drives the dispatcher's internals (CapabilityLoop.candidates, routing.RoutingRound and
+    the round size of capability.py), which change as routing evolves: when they no longer fit, the figure is
     reported as missing with a note instead of failing the run (the process figure above does
     not depend on them).
     """
@@ -214,21 +217,26 @@ def _routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
         view.agents[agent_id] = record
     fake = SimpleNamespace(settings=settings, view=view)
     loop = CapabilityLoop(fake, CAP)  # type: ignore[arg-type]
-    ids = [f"{i:026d}" for i in range(settings.dispatch_batch)]
+    ids = [f"{i:026d}" for i in range(capability.MAX_ROUND_TASKS)]
+    rng = random.Random(1)
     decisions = 0
     start = time.process_time()
     while time.process_time() - start < seconds:
-        # One routing step as CapabilityLoop._route does it, minus the Redis calls.
-        found: Any = loop.candidates()
-        candidates: list[routing.Candidate] = found[0] if isinstance(found, tuple) else found
-        rooms = {c.agent_id: routing.room(c, settings) for c in candidates}
-        want = min(sum(rooms.values()), settings.dispatch_batch)
-        tasks = [routing.ReadyTask(local_id, 5, "", "") for local_id in ids[:want]]
-        plan = routing.assign(tasks, candidates, settings)
-        for agent_id, local_ids in plan.items():
-            loop.note_load(agent_id, len(local_ids), 0)
-            decisions += len(local_ids)
-        loop.loads.clear()  # the simulated agents finish everything before the next step
+        # One routing round as CapabilityLoop._route makes it, minus the Redis calls.
+        candidates, filtered = loop.candidates()
+        round_ = routing.RoutingRound(candidates, settings, now, rng, loop.probes, filtered)
+        want = min(round_.capacity, max(settings.dispatch_batch, min(
+            capability.ROUND_TASKS_PER_AGENT * len(round_.agents), capability.MAX_ROUND_TASKS)))
+        plan: dict[str, list[tuple[str, str]]] = {}
+        for local_id in ids[:want]:
+            choice = round_.choose(routing.ReadyTask(local_id, 5))
+            if choice is not None:
+                plan.setdefault(choice.agent_id, []).append(
+                    (local_id, routing.explanation("r1", choice)))
+        for agent_id, items in plan.items():
+            loop.note_load(agent_id, len(items), 0)
+            decisions += len(items)
+        loop.loads.clear()  # the simulated agents finish everything before the next round
     elapsed = time.process_time() - start
     return {"agents": agents, "decisions_per_cpu_s": round(decisions / elapsed, 1)}
 
