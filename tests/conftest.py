@@ -72,7 +72,8 @@ def _targets() -> list[str]:
 
 
 # The suites that also run on the cluster target (issue 8 names them).
-CLUSTER_SUITES = {"test_delivery", "test_registry", "test_reliability", "test_dlq", "test_handoff"}
+CLUSTER_SUITES = {"test_delivery", "test_registry", "test_agent_lifecycle", "test_reliability",
+                  "test_dlq", "test_handoff"}
 
 _embedded: EmbeddedRedis | None = None
 _cluster: Any = None

@@ -282,9 +282,11 @@ def test_async_waiters_survive_their_pubsub_connection_being_killed(
             await asyncio_wait_until(lambda: client._listener is not None
                                      and client._listener._pubsub is not None
                                      and len(client._listener._queues) == 3)
+            cut = client._listener._pubsub
             for port in cluster.ports:
                 node_command(cluster, port, "CLIENT", "KILL", "TYPE", "pubsub")
-            await asyncio.sleep(0.3)  # let the reader notice and subscribe again
+            # The reader notices and subscribes every channel again on a new connection.
+            await asyncio_wait_until(lambda: client._listener._pubsub not in (None, cut))
             woken = []
             for handle, waiter in zip(handles, waiters, strict=True):
                 started = time.monotonic()

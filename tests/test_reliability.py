@@ -375,6 +375,16 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path: Any) -> None:
 # -- chaos -----------------------------------------------------------------------------------
 
 
+def replace_a_worker(fleet: Fleet, workers: list[Any], rng: Any, capability: str, handler: str,
+                     settings: Settings) -> None:
+    """SIGKILL one live worker of `workers`, chosen by `rng`, and start another in its place."""
+    victim = rng.choice([w for w in workers if w.popen.poll() is None])
+    victim.kill()
+    workers.remove(victim)
+    workers.append(fleet.worker(capability, handler=handler, concurrency=8, settings=settings,
+                                wait=False))
+
+
 def test_killing_random_workers_while_5000_tasks_flow(make_settings: Any, fleet: Fleet,
                                                       r: redis.Redis, prefix: str, redis_url: str) -> None:
     if "6379" in redis_url:
@@ -404,12 +414,8 @@ def test_killing_random_workers_while_5000_tasks_flow(make_settings: Any, fleet:
         # seconds at full speed, so several kills land mid-flow).
         while done < len(handles) and time.monotonic() < deadline:
             time.sleep(0.5)  # the chaos interval itself, not a wait for a condition
-            victim = rng.choice([w for w in workers if w.popen.poll() is None])
-            victim.kill()
+            replace_a_worker(fleet, workers, rng, "chaos", "tests.handlers:concurrency_probe", settings)
             kills += 1
-            workers.remove(victim)
-            workers.append(fleet.worker("chaos", handler="tests.handlers:concurrency_probe",
-                                        concurrency=8, settings=settings, wait=False))
             done = finished()
         assert kills >= 3
         outcomes: Counter[str] = Counter()
@@ -454,12 +460,8 @@ def test_killing_random_workers_while_tasks_go_straight_from_submit_to_agents(
             handles.append(client.submit("straight", {"n": i, "s": 0.02}))
             time.sleep(0.002)  # the producer's pace (about 400 tasks/s), not a wait for anything
             if time.monotonic() >= next_kill:
-                victim = rng.choice([w for w in workers if w.popen.poll() is None])
-                victim.kill()
+                replace_a_worker(fleet, workers, rng, "straight", "tests.handlers:sleepy", settings)
                 kills += 1
-                workers.remove(victim)
-                workers.append(fleet.worker("straight", handler="tests.handlers:sleepy",
-                                            concurrency=8, settings=settings, wait=False))
                 next_kill = time.monotonic() + 0.5
         assert kills >= 3
         outcomes: Counter[str] = Counter()
