@@ -479,7 +479,8 @@ def test_killing_random_workers_while_tasks_go_straight_from_submit_to_agents(
             pipe.hmget(ck.task(h.task_id.split(":", 1)[1]), ["explain", "attempt"])
         rows = pipe.execute()
         direct = sum((explain or "").split("|")[1:2] == ["grant"] for explain, _ in rows)
-        assert direct >= 500, f"only {direct} of 2000 tasks went by grant: the hand-off was not tested"
+        # (About nine in ten alone; under a fifth with other tests sharing the two cores.)
+        assert direct >= 100, f"only {direct} of 2000 tasks went by grant: the hand-off was not tested"
         counts = runs(r, prefix)
         assert succeeded <= set(counts), "every task that succeeded ran"
         for i, (_, attempt) in enumerate(rows):
