@@ -41,6 +41,9 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
     def end(outcome: Outcome, body: str, retry_after_s: float | None = None) -> AttemptEnd:
         return AttemptEnd(outcome, body, round((time.perf_counter() - started) * 1000), retry_after_s)
 
+    def timed_out() -> AttemptEnd:
+        return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
+
     try:
         payload = binding.parse_payload(codec.loads(payload_text))
     except ValueError as exc:  # not JSON, or not what the handler's payload model accepts
@@ -54,17 +57,17 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
             result = await asyncio.wrap_future(threads.submit(call), loop=loop)
     except asyncio.CancelledError:
         if ctx._timed_out:
-            return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
+            return timed_out()
         if ctx.cancelled:  # canceled by the producer: the result would be discarded anyway
             return end(Outcome.FAILURE, "canceled while running")
         raise
     except Exception as exc:
         if ctx._timed_out:  # (a handler that turned the cancellation into an error of its own)
-            return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
+            return timed_out()
         return end(classify(exc, retry_failures=binding.retry_failures), describe(exc),
                    getattr(exc, "retry_after_s", None))
     if ctx._timed_out:  # (a handler that swallowed the cancellation: too late all the same)
-        return end(Outcome.RETRYABLE_FAILURE, f"execution timeout: ran longer than {ctx.timeout_s:g}s")
+        return timed_out()
     if isinstance(result, BaseModel):
         result = result.model_dump(mode="json")
     try:

@@ -213,7 +213,7 @@ end
 -- may hold '|'). A payload over INBOX_PAYLOAD_MAX is left out: the agent then accepts the task
 -- first, which reads it from the record.
 local INBOX_PAYLOAD_MAX = 16384
--- The record fields deliver() needs, as HMGET reads them (DELIVERY_AT: where they start).
+-- The record fields deliver() needs, in the order it reads them (f[1] state ... f[13]).
 local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadline_at', 'payload',
                          'timeout_ms', 'trace_id', 'session_id', 'metadata', 'max_attempts'}
 
