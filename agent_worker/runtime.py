@@ -158,6 +158,8 @@ class Worker(Reporting):
         self._flush_event = asyncio.Event()
         self._reregister = asyncio.Event()
         self._refused_token = ""
+        self._leaving = False
+        """Set once the agent deregisters: nothing registers it again."""
         self._redis: Any = connection.async_client(self.settings)
         self._scripts = AsyncScripts(self._redis)
         self._piggyback = len(self.bindings) == 1 and not connection.is_cluster(self._redis)
@@ -222,6 +224,8 @@ class Worker(Reporting):
         if token != self.token:
             log.info("%s refused for a token replaced since", what or "heartbeat")
             return
+        if self._leaving:
+            return  # (deregistered: refusals are expected now)
         if what:
             log.error("%s refused (token); registering again", what)
         self._refused_token = token
@@ -236,6 +240,8 @@ class Worker(Reporting):
         while True:
             await self._reregister.wait()
             self._reregister.clear()
+            if self._leaving:
+                return
             if self._registered.is_set() and self._refused_token != self.token:
                 continue  # (refused more than once; registered again since the first)
             self.token = await connection.with_reconnect(self._register)
@@ -282,6 +288,10 @@ class Worker(Reporting):
         self._flush_event.set()
         while self._completions or self._unrecorded:
             await asyncio.sleep(0.01)
+        # Leaving for good: a refusal from now on (a beat on its way meets the record gone)
+        # must not register the agent again, which would leave a record no process stands for.
+        self._leaving = True
+        self._heartbeat.stop()
         with contextlib.suppress(*connection.TRANSIENT_ERRORS):
             await self._scripts(protocol.deregister_call(self.settings, self.agent_id, self.token))
             for capability in self.bindings:
