@@ -490,6 +490,8 @@ class CapabilityLoop:
         agents each), all in one round trip. Each call is atomic on its own and short, so Redis
         never stalls on one. A call whose script Redis did not have yet is run again alone,
         which loads it. (Cluster pipelines refuse EVALSHA: there the calls go one by one.)"""
+        if not batches:
+            return []  # (no task of the round could go anywhere yet)
         calls: list[protocol.ScriptCall] = []
         groups: list[list[protocol.AgentBatch]] = []
         group: list[protocol.AgentBatch] = []
