@@ -159,7 +159,9 @@ class Reporting:
             self._held.difference_update(c.entry_id for c in done)
             complete = protocol.parse_complete(replies[len(calls) - 1])
             self._on_completed(capability, done, complete, token)
-            self._inbox_busy = complete.inbox_len - complete.inbox_pending > len(entries)
+            # (Tasks pulled from the queue by this report mean more will come with the next.)
+            self._inbox_busy = (complete.pulled > 0
+                                or complete.inbox_len - complete.inbox_pending > len(entries))
         if read:
             self._release(read - len(entries))
             if entries:

@@ -14,6 +14,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
 | P:{cap}:inbox:{agent} | stream, group `agents` (3) | dispatch, submit; its agent reads | when finished |
 | P:{cap}:grants | list of inbox slots submit may fill (4) | dispatchers | consumed; expires |
+| P:{cap}:pulls | hash agent id -> standing pull (6) | dispatchers | replaced; expires |
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
 | P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
@@ -38,6 +39,9 @@ cannot start with '_', so the two never collide).
     empty, submit hands a task without routing constraints straight to the next grant's agent
     (`low`: a cold agent's grant, for low-priority tasks only).
 (5) Its field `events` holds the call's events, one `task id|seq|event` line each.
+(6) `most unread|round|score|low`: while tasks wait in the ready queue, the agent's completions
+    take the next ones without routing constraints into its inbox, one per slot freed (see
+    lua/complete.lua).
 
 Channels (pub/sub carries wake-ups only; every fact is also in a key):
 `P:wake` (dispatchers: "<what> <capability>"), `P:ev:<task id>` (a task's new events),
@@ -109,6 +113,10 @@ class CapabilityKeys:
     @property
     def grants(self) -> str:
         return f"{self.base}:grants"
+
+    @property
+    def pulls(self) -> str:
+        return f"{self.base}:pulls"
 
     def inbox(self, agent_id: str) -> str:
         return f"{self.base}:inbox:{agent_id}"

@@ -241,6 +241,14 @@ def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_m
     return ScriptCall("grant", [CapabilityKeys(settings.prefix, capability).grants], [ttl_ms, *grants])
 
 
+def pulls_call(settings: Settings, capability: str, pulls: dict[str, str], ttl_ms: int) -> ScriptCall:
+    """Replace the capability's standing pulls (agent id -> `most unread|round|score|low`)."""
+    args: list[str | int | float] = [ttl_ms]
+    for agent_id, pull in pulls.items():
+        args += [agent_id, pull]
+    return ScriptCall("pulls", [CapabilityKeys(settings.prefix, capability).pulls], args)
+
+
 def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.delayed, ck.queue, ck.events] + [ck.task(local) for local in local_ids]
@@ -364,16 +372,20 @@ class CompleteReply:
     inbox_len: int = 0
     inbox_pending: int = 0
     statuses: tuple[str, ...] = ()
+    pulled: int = 0
+    """Ready tasks this call took into the agent's inbox (a standing pull, see complete.lua)."""
 
 
 def complete_call(
     settings: Settings, capability: str, agent_id: str, token: str, done: Sequence[Completion]
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health]
+    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health,
+            ck.queue, ck.pulls, ck.stats]
     args: list[str | int | float] = [
         agent_id, token, settings.event_feed_maxlen, settings.prefix + ":",
         settings.result_ttl_ms, capability, settings.latency_ceiling_ms,
+        settings.cold_start_max_priority, ck.task(""),
     ]
     for d in done:
         keys.append(ck.task(d.local_id))
@@ -384,7 +396,7 @@ def complete_call(
 def parse_complete(reply: list[Any]) -> CompleteReply:
     if reply and reply[0] == "REFUSED":
         return CompleteReply(refused=True)
-    return CompleteReply(False, int(reply[0]), int(reply[1]), tuple(reply[2:]))
+    return CompleteReply(False, int(reply[0]), int(reply[1]), tuple(reply[3:]), int(reply[2]))
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ class CapabilityLoop:
         self._granted: list[str] = []
         """The agents of the grants standing (sorted), as this dispatcher last wrote them."""
         self._granted_until = 0.0
+        self._pulls: list[tuple[str, str]] = []
+        """The standing pulls (agent, `most|low`) as this dispatcher last wrote them."""
+        self._pulls_until = 0.0
         self.dispatched = 0
         self.reroutes = 0
         self.total_reroutes = 0
@@ -115,14 +118,19 @@ class CapabilityLoop:
         self._head = None
         self._head_gen += 1
 
-    def on_free(self, health_changed: bool = False) -> None:
+    def on_free(self, health_changed: bool = False, finished: int = 1, pulled: int = 0) -> None:
         """An agent finished tasks: route now if tasks may wait in the queue, the grants run
         low or the agent's health moved (its circuit may have opened: its grants must go).
         (Otherwise its room shows in the next grants, which stand meanwhile: no round per
-        completion while tasks go straight to agents.)"""
+        completion while tasks go straight to agents.) `pulled`: ready tasks its completion
+        took in their place (a standing pull): the queue's front is no longer what was seen,
+        and an agent that refilled every slot it freed left nothing for a round to do."""
+        if pulled:
+            self._forget_head()
         if health_changed:
             self._urgent = True
-        if health_changed or self._maybe_queued or self._grants_left * 2 < self._grants_written:
+        queued = self._maybe_queued and pulled < finished
+        if health_changed or queued or self._grants_left * 2 < self._grants_written:
             self._wake.set()
 
     def on_took(self, taken: int) -> None:
@@ -417,9 +425,11 @@ class CapabilityLoop:
         candidates, filtered = self.candidates()
         if not candidates:
             await self._grant(None)
+            await self._pull(None)
             return 0
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
+        await self._pull(round_)
         # Setting a round up costs time per agent, and so does each agent's part of a dispatch
         # call: with many agents, take several tasks per eligible agent (as room allows) so that
         # cost is spread over as many decisions.
@@ -484,6 +494,30 @@ class CapabilityLoop:
         self._grants_written = self._grants_left = len(grants)
         self._granted = shape
         self._granted_until = now + ttl_ms / 3000
+
+    async def _pull(self, round_: routing.RoutingRound | None) -> None:
+        """Let the agents the round found healthy (full or not) take ready tasks themselves as
+        they finish others, while the queue is deep (see complete.lua): the routing decision
+        for a task without constraints is then only which agent has a free slot first, and no
+        round per completion is needed. Rewritten when the set changes (an agent's circuit
+        opened, it went cold, it left), else refreshed before it expires."""
+        settings = self.d.settings
+        pulls: dict[str, str] = {}
+        if round_ is not None:
+            standing = round_.pulls()
+            if standing:
+                snapshot_id = await self._snapshot(round_)
+                for c, points, cold in standing:
+                    pulls[c.agent_id] = (f"{routing.max_unread(c, settings)}|{snapshot_id}|{points:g}|"
+                                         f"{'1' if cold else ''}")
+        shape = sorted((agent_id, p.split("|", 1)[0] + p.rsplit("|", 1)[1]) for agent_id, p in pulls.items())
+        now = time.monotonic()
+        if shape == self._pulls and (now < self._pulls_until or not shape):
+            return
+        ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
+        await self.d.scripts(protocol.pulls_call(settings, self.capability, pulls, ttl_ms))
+        self._pulls = shape
+        self._pulls_until = now + ttl_ms / 3000
 
     async def _dispatch(self, batches: list[protocol.AgentBatch]) -> list[protocol.DispatchResult]:
         """Run a round's hand-offs: one dispatch call per DISPATCH_CALL_TASKS tasks (several

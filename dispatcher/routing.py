@@ -298,6 +298,10 @@ class WeightedPool:
         return next((i for i, w in enumerate(self.weights) if w > 0), None)
 
 
+FULL_REASONS = ("no_room", "watermark", "backlog_full")
+"""Why a healthy agent gets nothing in a round because it holds enough work already."""
+
+
 class RoutingRound:
     """One routing round of one capability: agent-level filters and scores computed once,
     then a choice per task in O(log n) for unconstrained tasks."""
@@ -310,6 +314,7 @@ class RoutingRound:
         self.rng = rng or random.Random()
         self.probes = probes if probes is not None else {}
         self.filtered: dict[str, str] = dict(filtered or {})
+        self.candidates = list(candidates)
         self.agents: list[Candidate] = []
         self.rooms: list[int] = []
         self.probe_only: list[bool] = []
@@ -385,6 +390,24 @@ class RoutingRound:
             out.append((self._take(picked, "grant", self.all_pool.positive), self.cold[picked]))
         for c, outstanding in zip(self.agents, loads, strict=True):
             c.load.outstanding = outstanding
+        return out
+
+    def pulls(self) -> list[tuple[Candidate, float, bool]]:
+        """The agents that may take ready tasks without constraints themselves as they finish
+        others, while the queue is deep (a standing pull, see broker/lua/complete.lua): the
+        healthy ones whose circuit is closed and that are not ejected, with room or not (an
+        agent kept full by the queue is the one that pulls), each with its score and whether
+        it is cold. An agent out on probation (one probe task) does not pull."""
+        out = []
+        for c in self.candidates:
+            if c.agent_id in self.index:
+                i = self.index[c.agent_id]
+                if not self.probe_only[i]:
+                    out.append((c, self.scores[i], self.cold[i]))
+            elif self.filtered.get(c.agent_id) in FULL_REASONS:
+                parts = components(c, self.settings, self.now, self.best_p50)
+                cold = bool(c.recovered_at_ms) and self.now - c.recovered_at_ms < self.settings.cold_start_ms
+                out.append((c, score(parts, self.settings), cold))
         return out
 
     def _choose_constrained(self, task: ReadyTask, low_priority: bool) -> Choice | None:

@@ -4,9 +4,10 @@ Several dispatchers may run at once with no leader: every hand-off is one atomic
 task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wake` channel:
 
     task <cap>                          new or due tasks were queued
-    free <cap> <agent> <len> <pending> <failures> <n> <exec ms>
+    free <cap> <agent> <len> <pending> <failures> <n> <exec ms> <pulled>
                                         an agent finished n tasks in exec ms in all (its exact
-                                        inbox load after, its consecutive failures)
+                                        inbox load after, its consecutive failures) and took
+                                        `pulled` ready tasks in their place (standing pull)
     took <cap> <agent> <len> <pending> <n>
                                         a submit handed n tasks straight to the agent (grants)
     agent <agent>                       the registry changed
@@ -180,14 +181,17 @@ class Dispatcher:
         elif kind == "free" and len(parts) >= 5:
             loop = self.loops.get(parts[1])
             if loop is not None:
-                changed = False
+                changed, finished, pulled = False, 1, 0
                 with contextlib.suppress(ValueError):
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
                     if len(parts) >= 6:
                         changed = loop.note_failures(parts[2], int(parts[5]))
                     if len(parts) >= 8:
-                        loop.note_speed(parts[2], int(parts[6]), float(parts[7]))
-                loop.on_free(changed)
+                        finished = int(parts[6])
+                        loop.note_speed(parts[2], finished, float(parts[7]))
+                    if len(parts) >= 9:
+                        pulled = int(parts[8])
+                loop.on_free(changed, finished, pulled)
         elif kind == "took" and len(parts) == 6:
             loop = self.loops.get(parts[1])
             if loop is not None:

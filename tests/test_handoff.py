@@ -2,6 +2,8 @@
 
 - Direct hand-off: while a capability's queue is empty, submit gives a task without routing
   constraints straight to the agent a dispatcher's grant names (submit.lua, grant.lua).
+- Pull: while the queue is deep, an agent holding a standing pull takes the next tasks into its
+  inbox as it reports others done, one per slot freed (complete.lua, pulls.lua).
 - Agents start what they read at once; a cancel takes an unread entry back, so a canceled
   task never starts.
 - Waiters register: unwatched tasks get no done list and publish nothing.
@@ -15,9 +17,9 @@ import hashlib
 
 import redis
 
-from broker import ReachClient, protocol
+from broker import ReachClient, TaskHandle, protocol
 from broker.ids import split_task_id
-from broker.keys import CapabilityKeys
+from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.results import read_events
 from broker.scripts import Scripts
 from broker.settings import Settings
@@ -33,6 +35,24 @@ def bind(r: redis.Redis, settings: Settings, capability: str, agent: str) -> Non
 
 def grant(r: redis.Redis, settings: Settings, capability: str, *grants: str) -> None:
     Scripts(r)(protocol.grant_call(settings, capability, list(grants), 60_000))
+
+
+def finish_read(r: redis.Redis, settings: Settings, capability: str, agent: str,
+                outcome: str = "success") -> protocol.CompleteReply:
+    """Read what the agent's inbox holds and report all of it ended with `outcome`."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    read = r.xreadgroup(AGENT_GROUP, agent, {ck.inbox(agent): ">"}, count=100)
+    body = "{}" if outcome == "success" else "no"
+    done = [protocol.Completion(entry_id, f["id"], f["fence"], outcome, body, 0, 1)
+            for entry_id, f in (read[0][1] if read else [])]
+    return protocol.parse_complete(Scripts(r)(protocol.complete_call(
+        settings, capability, agent, f"token-{agent}", done)))
+
+
+def hand(r: redis.Redis, settings: Settings, capability: str, agent: str, *handles: TaskHandle) -> None:
+    """Dispatch these tasks to the agent, as a dispatcher's round would."""
+    Scripts(r)(protocol.dispatch_call(settings, capability, [protocol.AgentBatch(
+        agent, 10, [split_task_id(h.task_id)[1] for h in handles])]))
 
 
 def record(r: redis.Redis, prefix: str, task_id: str) -> dict[str, str]:
@@ -69,6 +89,56 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     behind = client.submit("grants", {"n": 5}, priority=9)
     assert behind.status().state == "queued" and r.llen(ck.grants) == 3
     assert int(r.hget(ck.stats, "direct") or 0) == 2
+
+
+def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    cap = "pull"
+    ck = CapabilityKeys(prefix, cap)
+    scripts = Scripts(r)
+    for agent in ("warm", "cold", "idle"):
+        bind(r, settings, cap, agent)
+    first = client.submit(cap, {"n": 0})
+    hand(r, settings, cap, "warm", first)
+    queued = [client.submit(cap, {"n": i}) for i in range(1, 6)]
+    # No standing pull: a completion takes nothing.
+    assert finish_read(r, settings, cap, "warm").pulled == 0 and r.zcard(ck.queue) == 5
+    hand(r, settings, cap, "warm", queued[0])
+    pulls = {"warm": "10|round-p|71.5|", "cold": "10|round-p|40|1"}
+    scripts(protocol.pulls_call(settings, cap, pulls, 60_000))
+    # One slot freed, one task pulled: the queue's front, as the dispatcher would have taken it.
+    reply = finish_read(r, settings, cap, "warm")
+    assert (reply.statuses, reply.pulled, reply.inbox_len, reply.inbox_pending) == (("ok",), 1, 1, 0)
+    assert queued[1].status().state == "dispatched" and queued[1].status().agent_id == "warm"
+    assert record(r, prefix, queued[1].task_id)["explain"] == "round-p|pull|71.5|"
+    events = read_events(r, ck.task(split_task_id(queued[1].task_id)[1]), queued[1].task_id)
+    assert [(e.type, e.data.get("pull")) for e in events] == [("queued", None), ("dispatched", True)]
+    assert r.zcard(ck.queue) == 3 and r.hget(ck.stats, "pulled") == "1"
+    # A failure (the circuit may be opening) pulls nothing: the dispatcher decides about it.
+    assert finish_read(r, settings, cap, "warm", "failure").pulled == 0 and r.zcard(ck.queue) == 3
+    # A task with routing constraints at the front stops the pull (the dispatcher places it).
+    session = client.submit(cap, {"n": 6}, session_id="conv", priority=9)
+    hand(r, settings, cap, "warm", queued[2])
+    assert finish_read(r, settings, cap, "warm").pulled == 0
+    assert session.status().state == "queued" and r.zcard(ck.queue) == 3
+    r.zrem(ck.queue, split_task_id(session.task_id)[1])
+    # A cold agent pulls low-priority tasks only; the front here is of priority 5.
+    low = client.submit(cap, {"n": 7}, priority=1)
+    hand(r, settings, cap, "cold", low)
+    assert finish_read(r, settings, cap, "cold").pulled == 0 and r.zcard(ck.queue) == 2
+    # Never past the inbox limit: with room for one unread entry, one of two freed slots is refilled.
+    scripts(protocol.pulls_call(settings, cap, {"warm": "1|round-q|70|"}, 60_000))
+    extra = client.submit(cap, {"n": 8}, priority=9)
+    hand(r, settings, cap, "warm", extra, queued[3])
+    assert finish_read(r, settings, cap, "warm").pulled == 1 and r.zcard(ck.queue) == 0
+    # A draining agent pulls nothing.
+    last = [client.submit(cap, {"n": i}) for i in (9, 10)]
+    hand(r, settings, cap, "warm", last[0])
+    r.hset(ck.tokens, "draining:warm", "1")
+    reply = finish_read(r, settings, cap, "warm")  # (queued[4], pulled before, and last[0])
+    assert (reply.statuses, reply.pulled, r.zcard(ck.queue)) == (("ok", "ok"), 0, 1)
+    assert r.xlen(ck.inbox("idle")) == 0
 
 
 def test_a_full_inbox_refuses_its_grant(

@@ -431,6 +431,10 @@ def test_killing_random_workers_while_5000_tasks_flow(make_settings: Any, fleet:
         for h in rng.sample(handles, 300):
             assert terminal_count(types_of(client, h.task_id)) == 1
         assert set(runs(r, prefix)) == {str(i) for i in range(5000)}
+        # Most tasks were pulled by agents as they finished others (the queue was deep), so
+        # the kills hit that path too.
+        pulled = int(r.hget(ck.stats, "pulled") or 0)
+        assert pulled >= 1000, f"only {pulled} of 5000 tasks were pulled: the pull was not tested"
 
 
 def test_killing_random_workers_while_tasks_go_straight_from_submit_to_agents(

@@ -2,10 +2,13 @@
 -- acknowledged in one step, guarded by each attempt's fencing token.
 -- KEYS[1] the agent's inbox   KEYS[2] delayed zset   KEYS[3] dead-letter stream
 -- KEYS[4] capability event feed   KEYS[5] agent tokens hash   KEYS[6] agent health hash
--- then KEYS[7+i] the task hash of task i
+-- KEYS[7] ready queue zset   KEYS[8] pulls hash   KEYS[9] capability stats hash
+-- then KEYS[10+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] capability   ARGV[7] latency ceiling ms (0: none)
--- then for task i, 6 values from ARGV[8+6i]: inbox entry id, fencing token, outcome
+-- ARGV[8] the highest priority a cold agent's pull may take (cold_start_max_priority)
+-- ARGV[9] task key prefix ("<capability base>:task:")
+-- then for task i, 6 values from ARGV[10+6i]: inbox entry id, fencing token, outcome
 --   ('success', 'invalid_request', 'failure', 'bad_result', 'retryable_failure'),
 --   body (result JSON on success, else the error text), retry backoff ms, execution ms
 -- A report from a superseded attempt changes nothing but leaves a `late_result_rejected` event.
@@ -16,12 +19,25 @@
 -- The agent health hash keeps, per agent, what routing needs: consecutive failures and the time
 -- of the last one (circuit breaker), the last success (affinity), consecutive tasks over the
 -- latency ceiling (ejection). An invalid request is the request's fault and counts for neither.
--- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, status...} with a
--- status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
+--
+-- Pull (BullMQ's worker fetches its next job as it reports the last one): while tasks wait in
+-- the ready queue, an agent holding a standing pull (`P:{cap}:pulls`, field agent id:
+-- `most unread|round|score|low`, written by the dispatchers for the healthy agents whose
+-- circuit is closed) takes the next ones from the queue's front into its inbox here, one per
+-- slot this call freed, never past its inbox limit: the level of work the dispatcher gave it
+-- is kept, without a dispatcher round per completion. It stops at the first task with routing
+-- constraints (those the dispatcher places) and, for a cold agent (`low` = '1'), at the first
+-- task above the cold start priority. An agent that failed or was slow last, or is draining,
+-- pulls nothing: the dispatcher decides about it. A pulled task's record names the pull
+-- (`explain`: `round|pull|score|`). The task keys are built from data: ARGV[9] .. local id,
+-- in this capability's slot.
+--
+-- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, tasks pulled,
+-- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'REFUSED'} end
-local n = #KEYS - 6
+local n = #KEYS - 9
 local health, ceiling = KEYS[6], tonumber(ARGV[7])
 local now = now_ms()
 local now_s = jint(now)
@@ -35,10 +51,10 @@ local succeeded, failures, failed_any = false, 0, false
 local slow_reset, slow, slow_any = false, 0, false
 
 for i = 0, n - 1 do
-  local a = 8 + 6 * i
+  local a = 10 + 6 * i
   local entry, fence, outcome, body = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local exec_ms = ARGV[a + 5]
-  local task_key = KEYS[7 + i]
+  local task_key = KEYS[10 + i]
   entries[i + 1] = entry
   local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'attempt', 'max_attempts',
     'seq', 'w', 'd', 'id', 'dispatched_at')
@@ -143,12 +159,52 @@ elseif slow > 0 then
   redis.call('HINCRBY', health, 'cs:' .. agent, slow)
 end
 if slow_any then redis.call('HSET', health, 'ls:' .. agent, now_s) end
-flush_feed(c)
 
 local len, pending = inbox_load(inbox)
+local pulled = 0
+local pull = nil
+if timed > 0 and tonumber(cf) == 0 then pull = redis.call('HGET', KEYS[8], agent) end
+if pull and ceiling > 0 and tonumber(redis.call('HGET', health, 'cs:' .. agent) or '0') > 0 then
+  pull = nil
+end
+if pull and redis.call('HEXISTS', KEYS[5], 'draining:' .. agent) == 1 then pull = nil end
+if pull then
+  local most, round, score, low = string.match(pull, '^(%d+)|([^|]*)|([^|]*)|([^|]*)$')
+  local room = 0
+  if most then room = math.min(timed, tonumber(most) - (len - pending)) end
+  local low_max = tonumber(ARGV[8])
+  local why = (round or '') .. '|pull|' .. (score or '') .. '|'
+  local head = {}
+  if room > 0 then head = redis.call('ZRANGE', KEYS[7], 0, room - 1, 'WITHSCORES') end
+  for i = 1, #head, 2 do
+    local local_id = head[i]
+    local steps = math.floor((tonumber(head[i + 1]) % 1) * 32 + 0.5)  -- (see queue_score)
+    if steps % 2 == 1 or (low == '1' and math.floor(steps / 2) - 1 > low_max) then break end
+    redis.call('ZREM', KEYS[7], local_id)
+    local task_key = ARGV[9] .. local_id
+    local f = redis.call('HMGET', task_key, unpack(DELIVERY_FIELDS))
+    local deadline = tonumber(f[7]) or 0
+    if f[1] ~= 'queued' then
+      -- (a queued id whose record says otherwise: nothing to deliver, as in dispatch.lua)
+    elseif deadline > 0 and now >= deadline then
+      fail_task(c, load_task(task_key, {'state'}), KEYS[3], 'expired',
+        'deadline passed while queued', nil, now)
+    else
+      deliver(c, task_key, f, {}, inbox, agent, local_id, now_s, why, ',"pull":true')
+      pulled = pulled + 1
+    end
+  end
+  if pulled > 0 then
+    len = len + pulled
+    redis.call('HINCRBY', KEYS[9], 'dispatched', pulled)
+    redis.call('HINCRBY', KEYS[9], 'pulled', pulled)
+  end
+end
+flush_feed(c)
+
 redis.call('PUBLISH', ARGV[4] .. 'wake',
   'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf .. ' ' ..
-  timed .. ' ' .. jint(timed_ms))
-local out = {len, pending}
+  timed .. ' ' .. jint(timed_ms) .. ' ' .. pulled)
+local out = {len, pending, pulled}
 for _, s in ipairs(statuses) do out[#out + 1] = s end
 return out
