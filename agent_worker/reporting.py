@@ -42,6 +42,7 @@ class Reporting:
     _freed: int
     _stopping: bool
     _inbox_busy: bool
+    _reporting: bool
     _held: set[str]
     _recover: set[str]
     _release: Callable[[int], None]
@@ -97,16 +98,20 @@ class Reporting:
                 # was empty at the last report (the reader's blocking read catches what comes).
                 self._release(read)
                 read = 0
-            for capability in {*completions, *unrecorded}:
-                # Started and still running: record the start. (Those that ended are started
-                # by their completion.)
-                starts = [item for item in unrecorded.get(capability, ())
-                          if self.running.get(item.ctx.task_id) is item]
-                done = completions.get(capability, [])
-                for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
-                    await self._report(capability, starts[i:i + COMPLETE_BATCH],
-                                       done[i:i + COMPLETE_BATCH], read)
-                    read = 0
+            self._reporting = True  # (a draining worker waits for this report before it leaves)
+            try:
+                for capability in {*completions, *unrecorded}:
+                    # Started and still running: record the start. (Those that ended are
+                    # started by their completion.)
+                    starts = [item for item in unrecorded.get(capability, ())
+                              if self.running.get(item.ctx.task_id) is item]
+                    done = completions.get(capability, [])
+                    for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
+                        await self._report(capability, starts[i:i + COMPLETE_BATCH],
+                                           done[i:i + COMPLETE_BATCH], read)
+                        read = 0
+            finally:
+                self._reporting = False
             self._release(read)
             if self._completions or self._unrecorded:
                 self._flush_event.set()  # (more came in while this report was on its way)

@@ -138,6 +138,8 @@ class Worker(Reporting):
         self._freed = 0
         """Slots of ended tasks kept for the flusher, which reads the next entries with the
         report of those tasks (one round trip for both; only with one capability)."""
+        self._reporting = False
+        """A report is on its way (see Reporting._flusher)."""
         self._inbox_busy = True
         """Whether the inbox held unread entries at the last report (see _flusher)."""
         self._held: set[str] = set()
@@ -286,8 +288,8 @@ class Worker(Reporting):
         while self.running:
             await asyncio.sleep(0.01)
         self._flush_event.set()
-        while self._completions or self._unrecorded:
-            await asyncio.sleep(0.01)
+        while self._completions or self._unrecorded or self._reporting:
+            await asyncio.sleep(0.01)  # (every result is reported before the agent leaves)
         # Leaving for good: a refusal from now on (a beat on its way meets the record gone)
         # must not register the agent again, which would leave a record no process stands for.
         self._leaving = True

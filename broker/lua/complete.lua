@@ -144,8 +144,10 @@ if n > 0 then
 end
 
 local cf
+local cf_before = nil  -- (looked at only when the call leaves no failure to count)
 if succeeded then
   cf = failures
+  if failures == 0 then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
   redis.call('HSET', health, 'cf:' .. agent, failures, 'ok:' .. agent, now_s)
 elseif failures > 0 then
   cf = redis.call('HINCRBY', health, 'cf:' .. agent, failures)
@@ -202,9 +204,14 @@ if pull then
 end
 flush_feed(c)
 
-redis.call('PUBLISH', ARGV[4] .. 'wake',
-  'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf .. ' ' ..
-  timed .. ' ' .. jint(timed_ms) .. ' ' .. pulled)
+-- The dispatchers keep each agent's load and health from these messages. A call that refilled
+-- every slot it freed, after and before a success, changed neither (its inbox holds as many
+-- entries as before): nothing to tell, and no dispatcher wakes for it.
+if not (pulled > 0 and pulled == timed and (cf_before or '0') == '0') then
+  redis.call('PUBLISH', ARGV[4] .. 'wake',
+    'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf .. ' ' ..
+    timed .. ' ' .. jint(timed_ms) .. ' ' .. pulled)
+end
 local out = {len, pending, pulled}
 for _, s in ipairs(statuses) do out[#out + 1] = s end
 return out
