@@ -195,3 +195,27 @@ def test_an_idle_agent_gets_new_tasks_straight_from_submit_and_waiters_are_woken
     local = split_task_id(quiet.task_id)[1]
     assert not r.exists(ck.task_done(local)) and "d" not in record(r, prefix, quiet.task_id)
     assert quiet.result(timeout=5) == {"n": 100}
+
+
+def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_submit(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # While the queue is deep the agent refills itself and the dispatcher hears nothing of it
+    # (complete.lua publishes no wake-up then): once the queue is empty, the dispatcher must
+    # still know the agent's load well enough to grant it the next tasks.
+    ck = CapabilityKeys(prefix, "deep")
+    fleet.dispatcher()
+    fleet.worker("deep", handler="tests.handlers:record", concurrency=4)
+    assert client.run("deep", {"n": 0}, timeout=30) == {"n": 0}
+    burst = client.submit_many("deep", [{"n": i} for i in range(1, 2001)])
+    assert [h.result(timeout=60) for h in burst] == [{"n": i} for i in range(1, 2001)]
+    pulled = int(r.hget(ck.stats, "pulled") or 0)
+    assert pulled >= 1000, f"only {pulled} of 2000 tasks were pulled"
+    wait_until(lambda: r.llen(ck.grants) > 0, message="grants once the queue is empty")
+    singles = []
+    for i in range(2001, 2021):
+        singles.append(client.submit("deep", {"n": i}))
+        assert singles[-1].result(timeout=30) == {"n": i}
+    direct = [h for h in singles if record(r, prefix, h.task_id)["explain"].split("|")[1] == "grant"]
+    assert len(direct) >= 15, "after the drain, an idle agent's tasks should skip the dispatcher again"
+    assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 2021
