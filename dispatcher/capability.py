@@ -96,8 +96,8 @@ class CapabilityLoop:
         self._granted: list[str] = []
         """The agents of the grants standing (sorted), as this dispatcher last wrote them."""
         self._granted_until = 0.0
-        self._pulls: list[tuple[str, str]] = []
-        """The standing pulls (agent, `most|low`) as this dispatcher last wrote them."""
+        self._pulls: list[tuple[str, int, bool]] = []
+        """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
         self._pulls_until = 0.0
         self.dispatched = 0
         self.reroutes = 0
@@ -429,7 +429,6 @@ class CapabilityLoop:
             return 0
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
-        await self._pull(round_)
         # Setting a round up costs time per agent, and so does each agent's part of a dispatch
         # call: with many agents, take several tasks per eligible agent (as room allows) so that
         # cost is spread over as many decisions.
@@ -441,6 +440,9 @@ class CapabilityLoop:
         drained = want > 0 and len(tasks) < want
         if drained:
             self._maybe_queued = False
+        # Agents pull only while tasks wait (an empty queue has grants instead): a completion
+        # then looks at nothing more than the (missing) pull.
+        await self._pull(round_ if self._maybe_queued else None)
         grant_round = round_ if drained or want <= 0 else None
         if not tasks:
             await self._grant(grant_round)
@@ -502,18 +504,17 @@ class CapabilityLoop:
         round per completion is needed. Rewritten when the set changes (an agent's circuit
         opened, it went cold, it left), else refreshed before it expires."""
         settings = self.d.settings
-        pulls: dict[str, str] = {}
-        if round_ is not None:
-            standing = round_.pulls()
-            if standing:
-                snapshot_id = await self._snapshot(round_)
-                for c, points, cold in standing:
-                    pulls[c.agent_id] = (f"{routing.max_unread(c, settings)}|{snapshot_id}|{points:g}|"
-                                         f"{'1' if cold else ''}")
-        shape = sorted((agent_id, p.split("|", 1)[0] + p.rsplit("|", 1)[1]) for agent_id, p in pulls.items())
+        standing = round_.pulls() if round_ is not None else []
+        shape = sorted((c.agent_id, routing.max_unread(c, settings), cold) for c, cold in standing)
         now = time.monotonic()
         if shape == self._pulls and (now < self._pulls_until or not shape):
             return
+        pulls: dict[str, str] = {}
+        if round_ is not None and standing:
+            snapshot_id = await self._snapshot(round_)
+            for c, cold in standing:
+                pulls[c.agent_id] = (f"{routing.max_unread(c, settings)}|{snapshot_id}|"
+                                     f"{round_.score_of(c):g}|{'1' if cold else ''}")
         ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
         await self.d.scripts(protocol.pulls_call(settings, self.capability, pulls, ttl_ms))
         self._pulls = shape

@@ -392,23 +392,29 @@ class RoutingRound:
             c.load.outstanding = outstanding
         return out
 
-    def pulls(self) -> list[tuple[Candidate, float, bool]]:
+    def pulls(self) -> list[tuple[Candidate, bool]]:
         """The agents that may take ready tasks without constraints themselves as they finish
         others, while the queue is deep (a standing pull, see broker/lua/complete.lua): the
         healthy ones whose circuit is closed and that are not ejected, with room or not (an
-        agent kept full by the queue is the one that pulls), each with its score and whether
-        it is cold. An agent out on probation (one probe task) does not pull."""
+        agent kept full by the queue is the one that pulls), each with whether it is cold. An
+        agent out on probation (one probe task) does not pull."""
         out = []
         for c in self.candidates:
-            if c.agent_id in self.index:
-                i = self.index[c.agent_id]
+            i = self.index.get(c.agent_id)
+            if i is not None:
                 if not self.probe_only[i]:
-                    out.append((c, self.scores[i], self.cold[i]))
+                    out.append((c, self.cold[i]))
             elif self.filtered.get(c.agent_id) in FULL_REASONS:
-                parts = components(c, self.settings, self.now, self.best_p50)
-                cold = bool(c.recovered_at_ms) and self.now - c.recovered_at_ms < self.settings.cold_start_ms
-                out.append((c, score(parts, self.settings), cold))
+                out.append((c, bool(c.recovered_at_ms)
+                            and self.now - c.recovered_at_ms < self.settings.cold_start_ms))
         return out
+
+    def score_of(self, candidate: Candidate) -> float:
+        """The agent's score in this round (computed here for one the round left out as full)."""
+        i = self.index.get(candidate.agent_id)
+        if i is not None:
+            return self.scores[i]
+        return score(components(candidate, self.settings, self.now, self.best_p50), self.settings)
 
     def _choose_constrained(self, task: ReadyTask, low_priority: bool) -> Choice | None:
         fits = [i for i in range(len(self.agents)) if self.rooms[i] > 0 and self._fits(i, task)]

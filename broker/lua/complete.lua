@@ -143,11 +143,16 @@ if n > 0 then
   redis.call('XDEL', inbox, unpack(entries))
 end
 
+-- A pull needs a success that left no failure after it (the agent's circuit is closed); whether
+-- its failures were at 0 before as well decides below whether the dispatchers need to hear.
+local pull, cf_before = nil, nil
+if succeeded and failures == 0 then
+  pull = redis.call('HGET', KEYS[8], agent)
+  if pull then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
+end
 local cf
-local cf_before = nil  -- (looked at only when the call leaves no failure to count)
 if succeeded then
   cf = failures
-  if failures == 0 then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
   redis.call('HSET', health, 'cf:' .. agent, failures, 'ok:' .. agent, now_s)
 elseif failures > 0 then
   cf = redis.call('HINCRBY', health, 'cf:' .. agent, failures)
@@ -164,8 +169,6 @@ if slow_any then redis.call('HSET', health, 'ls:' .. agent, now_s) end
 
 local len, pending = inbox_load(inbox)
 local pulled = 0
-local pull = nil
-if timed > 0 and tonumber(cf) == 0 then pull = redis.call('HGET', KEYS[8], agent) end
 if pull and ceiling > 0 and tonumber(redis.call('HGET', health, 'cs:' .. agent) or '0') > 0 then
   pull = nil
 end
