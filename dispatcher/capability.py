@@ -505,7 +505,8 @@ class CapabilityLoop:
         opened, it went cold, it left), else refreshed before it expires."""
         settings = self.d.settings
         standing = round_.pulls() if round_ is not None else []
-        shape = sorted((c.agent_id, routing.max_unread(c, settings), cold) for c, cold in standing)
+        limits = {c.agent_id: routing.max_unread(c, settings) for c, _ in standing}
+        shape = sorted((c.agent_id, limits[c.agent_id], cold) for c, cold in standing)
         now = time.monotonic()
         if shape == self._pulls and (now < self._pulls_until or not shape):
             return
@@ -513,7 +514,7 @@ class CapabilityLoop:
         if round_ is not None and standing:
             snapshot_id = await self._snapshot(round_)
             for c, cold in standing:
-                pulls[c.agent_id] = (f"{routing.max_unread(c, settings)}|{snapshot_id}|"
+                pulls[c.agent_id] = (f"{limits[c.agent_id]}|{snapshot_id}|"
                                      f"{round_.score_of(c):g}|{'1' if cold else ''}")
         ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
         await self.d.scripts(protocol.pulls_call(settings, self.capability, pulls, ttl_ms))

@@ -336,8 +336,7 @@ class RoutingRound:
                                  ("state:", "circuit_open", "ejected_slow"))}
         known = [c.latency_p50_ms for c in self.agents if c.latency_p50_ms is not None]
         self.best_p50 = min(known) if known else None
-        self.cold = [bool(c.recovered_at_ms) and now_ms - c.recovered_at_ms < settings.cold_start_ms
-                     for c in self.agents]
+        self.cold = [self._is_cold(c) for c in self.agents]
         self.parts = [components(c, settings, now_ms, self.best_p50) for c in self.agents]
         self.scores = [score(p, settings) for p in self.parts]
         self.all_pool = WeightedPool(self.scores)
@@ -405,9 +404,13 @@ class RoutingRound:
                 if not self.probe_only[i]:
                     out.append((c, self.cold[i]))
             elif self.filtered.get(c.agent_id) in FULL_REASONS:
-                out.append((c, bool(c.recovered_at_ms)
-                            and self.now - c.recovered_at_ms < self.settings.cold_start_ms))
+                out.append((c, self._is_cold(c)))
         return out
+
+    def _is_cold(self, candidate: Candidate) -> bool:
+        """Recovered less than cold_start_ms ago: low-priority tasks only, for now."""
+        return (bool(candidate.recovered_at_ms)
+                and self.now - candidate.recovered_at_ms < self.settings.cold_start_ms)
 
     def score_of(self, candidate: Candidate) -> float:
         """The agent's score in this round (computed here for one the round left out as full)."""

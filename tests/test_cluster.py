@@ -536,7 +536,7 @@ def test_failover_of_the_registry_master_mid_run(
                         acknowledged.append((handle.task_id, payload, capability,
                                              time.monotonic()))
                     i += 1
-                    time.sleep(0.01)
+                    time.sleep(0.01)  # the producer's pace through the failover, not a wait
 
         def wait_sync() -> None:
             with ReachClient(settings) as client:

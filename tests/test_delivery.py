@@ -9,6 +9,7 @@ import redis
 
 from broker import AsyncReachClient, ReachClient, TaskFailed
 from broker.keys import CapabilityKeys
+from broker.registry import server_ms
 from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import run_order, runs
 
@@ -74,12 +75,13 @@ def test_aging_lets_an_old_low_priority_task_overtake_newer_high_priority_ones(
     settings = make_settings(aging_ms=40)  # type: ignore[operator]
     with ReachClient(settings) as client:
         old = client.submit("aging", {"n": "old"}, priority=0)
-        # Waiting 9 levels' worth of aging (9 x 40 ms) and then some: the old task now ranks
-        # above a fresh priority-9 task.
-        wait_until(lambda: client.status(old.task_id).created_at is not None)
-        import time
-
-        time.sleep(0.5)
+        # Waiting 9 levels' worth of aging (9 x 40 ms) and then some, on the Redis server
+        # clock that scores the queue: the old task now ranks above a fresh priority-9 task.
+        created = client.status(old.task_id).created_at
+        assert created is not None
+        r = sync_redis(settings.redis_url)
+        wait_until(lambda: server_ms(r.time()) >= created.timestamp() * 1000 + 9 * 40 + 100,
+                   message="9 levels of aging on the server clock")
         newer = [client.submit("aging", {"n": f"new{i}"}, priority=9) for i in range(5)]
         fleet.worker("aging", handler="tests.handlers:record_order", concurrency=1, settings=settings)
         fleet.dispatcher(settings=settings)

@@ -60,6 +60,17 @@ def record(r: redis.Redis, prefix: str, task_id: str) -> dict[str, str]:
     return r.hgetall(CapabilityKeys(prefix, capability).task(local))
 
 
+def one_at_a_time_by_grant(client: ReachClient, r: redis.Redis, prefix: str, capability: str,
+                           numbers: range) -> int:
+    """Submit one task per number, each waited for (so the agent is idle every time); return
+    how many of them went straight to the agent by grant."""
+    handles = []
+    for i in numbers:
+        handles.append(client.submit(capability, {"n": i}))
+        assert handles[-1].result(timeout=30) == {"n": i}
+    return sum(record(r, prefix, h.task_id)["explain"].split("|")[1] == "grant" for h in handles)
+
+
 def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
 ) -> None:
@@ -179,12 +190,8 @@ def test_an_idle_agent_gets_new_tasks_straight_from_submit_and_waiters_are_woken
     fleet.worker("direct", handler="tests.handlers:record", concurrency=4)
     assert client.run("direct", {"n": 0}, timeout=30) == {"n": 0}
     wait_until(lambda: r.llen(ck.grants) > 0, message="the dispatcher's grants")
-    handles = []
-    for i in range(1, 21):  # one at a time, each waited for: the agent is idle every time
-        handles.append(client.submit("direct", {"n": i}))
-        assert handles[-1].result(timeout=30) == {"n": i}
-    direct = [h for h in handles if record(r, prefix, h.task_id)["explain"].split("|")[1] == "grant"]
-    assert len(direct) >= 15, "an idle agent's tasks should mostly skip the dispatcher"
+    direct = one_at_a_time_by_grant(client, r, prefix, "direct", range(1, 21))
+    assert direct >= 15, "an idle agent's tasks should mostly skip the dispatcher"
     # A burst beyond the grants queues the rest, and the dispatcher routes those.
     burst = client.submit_many("direct", [{"n": i} for i in range(21, 81)])
     assert [h.result(timeout=30) for h in burst] == [{"n": i} for i in range(21, 81)]
@@ -212,10 +219,6 @@ def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_sub
     pulled = int(r.hget(ck.stats, "pulled") or 0)
     assert pulled >= 1000, f"only {pulled} of 2000 tasks were pulled"
     wait_until(lambda: r.llen(ck.grants) > 0, message="grants once the queue is empty")
-    singles = []
-    for i in range(2001, 2021):
-        singles.append(client.submit("deep", {"n": i}))
-        assert singles[-1].result(timeout=30) == {"n": i}
-    direct = [h for h in singles if record(r, prefix, h.task_id)["explain"].split("|")[1] == "grant"]
-    assert len(direct) >= 15, "after the drain, an idle agent's tasks should skip the dispatcher again"
+    direct = one_at_a_time_by_grant(client, r, prefix, "deep", range(2001, 2021))
+    assert direct >= 15, "after the drain, an idle agent's tasks should skip the dispatcher again"
     assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 2021

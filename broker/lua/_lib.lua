@@ -21,6 +21,14 @@ local function done_key(task_key)
   return task_key .. ':done'
 end
 
+-- Run `cmd key args[first..]` in chunks of 1000 arguments (Lua's unpack has a stack limit);
+-- an even chunk size keeps field/value pairs together.
+local function call_in_chunks(cmd, key, args, first)
+  for i = first, #args, 1000 do
+    redis.call(cmd, key, unpack(args, i, math.min(i + 999, #args)))
+  end
+end
+
 local function now_ms()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

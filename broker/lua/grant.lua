@@ -6,8 +6,6 @@
 -- Returns the number of grants standing.
 redis.call('DEL', KEYS[1])
 if #ARGV < 2 then return 0 end
-for i = 2, #ARGV, 1000 do
-  redis.call('RPUSH', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
+call_in_chunks('RPUSH', KEYS[1], ARGV, 2)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return #ARGV - 1

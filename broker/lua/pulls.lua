@@ -6,8 +6,6 @@
 -- Returns the number of pulls standing.
 redis.call('DEL', KEYS[1])
 if #ARGV < 3 then return 0 end
-for i = 2, #ARGV, 1000 do
-  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
-end
+call_in_chunks('HSET', KEYS[1], ARGV, 2)
 redis.call('PEXPIRE', KEYS[1], ARGV[1])
 return (#ARGV - 1) / 2
