@@ -7,6 +7,7 @@ each script's text here. `broker/protocol.py` builds each call's keys and argume
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -74,12 +75,6 @@ class AsyncScripts:
                 pass  # (the Script below loads it)
         return await script(keys=call.keys, args=call.args, client=client)
 
-    def queue(self, call: ScriptCall, pipe: Any) -> None:
-        """Queue the call on a pipeline as a bare EVALSHA: its reply is a NoScriptError if Redis
-        lacks the script (then run the call alone, which loads it). redis-py's own way would
-        ask Redis whether the scripts exist before every execute, one more round trip."""
-        pipe.evalsha(self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
-
     async def run_all(self, calls: list[ScriptCall], extra: Sequence[tuple[Any, ...]] = ()) -> list[Any]:
         """Run several calls in one round trip, in order, each atomic on its own (not all
         together), then the plain commands in `extra` (their replies follow the calls'; an
@@ -92,12 +87,14 @@ class AsyncScripts:
             return [await self(call) for call in calls]
         if len(calls) == 1 and not extra:
             return [await self(calls[0])]
-        pipe = self._client.pipeline(transaction=False)
-        for call in calls:
-            self.queue(call, pipe)
-        for command in extra:
-            pipe.execute_command(*command)
-        replies = await pipe.execute(raise_on_error=False)
+        # Bare EVALSHAs: a reply is a NoScriptError if Redis lacks the script (then the call
+        # runs again alone, which loads it). redis-py's own way would ask Redis whether the
+        # scripts exist before every execute, one more round trip.
+        commands: list[tuple[Any, ...]] = [
+            ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
+            for call in calls]
+        commands += extra
+        replies = await self._pipelined(commands)
         out = []
         for i, reply in enumerate(replies):
             if i < len(calls) and isinstance(reply, redis.exceptions.NoScriptError):
@@ -106,3 +103,40 @@ class AsyncScripts:
                 raise reply
             out.append(reply)
         return out
+
+    async def _pipelined(self, commands: list[tuple[Any, ...]]) -> list[Any]:
+        """Send the commands in one write and read their replies, an error reply as its
+        exception. redis-py's Pipeline does the same with several layers around it (a command
+        stack, observability hooks, a retry loop, a reset) that cost a worker more CPU than
+        the round trip itself, once per report. The whole exchange gets the client's socket
+        timeout once, instead of one timer for the write and one for each reply (each costs
+        a task or a timer handle). A connection that fails, times out or is abandoned half
+        way is closed, never reused with replies left unread; the caller retries
+        (connection.with_reconnect)."""
+        client: Any = self._client
+        pool = client.connection_pool
+        conn = await pool.get_connection()
+        limit = conn.socket_timeout
+        conn.socket_timeout = None  # (restored below; the connection is ours until released)
+        try:
+            async with asyncio.timeout(limit):
+                await conn.send_packed_command(conn.pack_commands(commands))
+                replies: list[Any] = []
+                for command in commands:
+                    try:
+                        reply = await conn.read_response()
+                    except redis.exceptions.ResponseError as exc:
+                        replies.append(exc)
+                        continue
+                    callback = client.response_callbacks.get(command[0])
+                    replies.append(callback(reply) if callback is not None else reply)
+                return replies
+        except BaseException as exc:
+            await conn.disconnect(nowait=True)
+            if isinstance(exc, TimeoutError) and not isinstance(exc, redis.exceptions.RedisError):
+                raise redis.exceptions.TimeoutError(
+                    f"no reply from Redis within {limit}s") from None
+            raise
+        finally:
+            conn.socket_timeout = limit
+            await pool.release(conn)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import redis
 
-from broker import AsyncReachClient, ReachClient, TaskFailed
+from broker import AsyncReachClient, ReachClient, TaskFailed, connection, protocol
 from broker.keys import CapabilityKeys
 from broker.registry import server_ms
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
 from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import run_order, runs
 
@@ -50,6 +53,47 @@ def test_everything_carries_on_when_redis_lost_its_scripts(
     assert [h.result(timeout=60) for h in second] == [{"n": i} for i in range(300, 600)]
     counts = runs(r, prefix)
     assert len(counts) == 600 and set(counts.values()) == {1}
+
+
+def test_calls_sent_together_keep_their_replies_and_an_exchange_past_its_timeout_closes_its_connection(
+    request: pytest.FixtureRequest, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    # (Workers report, and dispatchers dispatch, with several calls in one write: AsyncScripts.
+    # run_all. A reply left unread on a reused connection would be handed to the next caller.)
+    if request.node.callspec.params.get("redis_url") == "cluster":
+        pytest.skip("on Cluster the calls go one by one (AsyncScripts.run_all)")
+    stream, waiting = f"{prefix}:together", f"{prefix}:together:never"
+
+    async def scenario() -> None:
+        aclient = connection.async_client(settings, socket_timeout=0.5)
+        scripts = AsyncScripts(aclient)
+        nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
+        await aclient.xgroup_create(stream, "g", id="0", mkstream=True)
+        entry = await aclient.xadd(stream, {"a": "1"})
+        replies = await scripts.run_all([nobody, nobody], [
+            ("XREADGROUP", "GROUP", "g", "c", "COUNT", 10, "STREAMS", stream, ">"),
+            ("XREADGROUP", "GROUP", "missing", "c", "COUNT", 1, "STREAMS", stream, ">"),
+        ])
+        assert replies[:2] == [0, 0]
+        assert replies[2] == [[stream, [(entry, {"a": "1"})]]]  # (as redis-py parses it)
+        assert isinstance(replies[3], redis.exceptions.ResponseError) and "NOGROUP" in str(replies[3])
+
+        started = time.monotonic()
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await scripts.run_all([nobody], [("BLPOP", waiting, 30)])
+        assert time.monotonic() - started < 5
+        # The connection was closed: its BLPOP waits no more and takes nothing pushed later ...
+        deadline = time.monotonic() + 10
+        while "cmd=blpop" in str(r.execute_command("CLIENT", "LIST")):
+            assert time.monotonic() < deadline, "the abandoned BLPOP is still waiting"
+            await asyncio.sleep(0.02)
+        await aclient.lpush(waiting, "x")
+        assert await aclient.lrange(waiting, 0, -1) == ["x"]
+        # ... and the next exchange reads its own replies.
+        assert await scripts.run_all([nobody, nobody]) == [0, 0]
+        await aclient.aclose()
+
+    asyncio.run(scenario())
 
 
 def test_priority_order_with_one_worker_of_concurrency_one(
