@@ -85,8 +85,6 @@ class AsyncScripts:
             if extra:
                 raise ValueError("extra commands need a pipeline, which Cluster does not offer here")
             return [await self(call) for call in calls]
-        if len(calls) == 1 and not extra:
-            return [await self(calls[0])]
         # Bare EVALSHAs: a reply is a NoScriptError if Redis lacks the script (then the call
         # runs again alone, which loads it). redis-py's own way would ask Redis whether the
         # scripts exist before every execute, one more round trip.
@@ -94,6 +92,8 @@ class AsyncScripts:
             ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
             for call in calls]
         commands += extra
+        if not commands:
+            return []
         replies = await self._pipelined(commands)
         out = []
         for i, reply in enumerate(replies):
