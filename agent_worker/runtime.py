@@ -414,7 +414,7 @@ class Worker(Reporting):
                     self._start(binding, task, recorded=False)
                     unused -= 1
                     continue
-                lease = inbox.parse_lease(binding.capability, entry_id, fields)
+                lease = inbox.parse_lease(entry_id, fields)
                 if lease is None:
                     await self._dead_letter_malformed(binding.capability, ck.inbox(self.agent_id),
                                                       entry_id, fields)

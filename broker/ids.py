@@ -57,6 +57,11 @@ def new_task_id(capability: str) -> str:
     return f"{capability}:{new_local_id()}"
 
 
+def is_local_id(local: str) -> bool:
+    """Whether `local` is the local part of a task id (a 26-character ULID)."""
+    return _LOCAL_RE.match(local) is not None
+
+
 def split_task_id(task_id: object) -> tuple[str, str]:
     """(capability, local id) of a task id, or InvalidTaskId."""
     if not isinstance(task_id, str) or task_id.count(":") != 1:

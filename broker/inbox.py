@@ -13,7 +13,7 @@ from typing import Any
 import redis
 
 from broker import protocol
-from broker.ids import split_task_id
+from broker.ids import is_local_id
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.settings import Settings
 
@@ -22,16 +22,14 @@ log = logging.getLogger("reach.inbox")
 BATCH = 200
 
 
-def parse_lease(capability: str, entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
+def parse_lease(entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
     """The delivery an inbox entry stands for, or None when the entry is not a valid one."""
     if not fields:
         return None
     local, fence = fields.get("id", ""), fields.get("fence", "")
-    try:
-        split_task_id(f"{capability}:{local}")
-    except ValueError:
+    if not (is_local_id(local) and fence.isdigit()):
         return None
-    return protocol.Lease(entry_id, local, fence) if fence.isdigit() else None
+    return protocol.Lease(entry_id, local, fence)
 
 
 def parse_delivery(capability: str, entry_id: str,
@@ -39,7 +37,7 @@ def parse_delivery(capability: str, entry_id: str,
     """The task an inbox entry hands over, when the entry carries what starting it needs (`p`
     and `x`, see deliver in lua/_lib.lua); None when it does not (the agent then accepts it
     first, which reads the record) or is no valid delivery."""
-    lease = parse_lease(capability, entry_id, fields)
+    lease = parse_lease(entry_id, fields)
     if lease is None or fields is None or "p" not in fields:
         return None
     packed = fields.get("x", "").split("|", 6)
@@ -80,7 +78,7 @@ async def release_unread(client: Any, scripts: Any, settings: Settings, capabili
             return released
         entries = await client.xrange(inbox, min=f"({start}", max="+", count=BATCH)
         leases = [lease for entry_id, fields in entries
-                  if (lease := parse_lease(capability, entry_id, fields)) is not None]
+                  if (lease := parse_lease(entry_id, fields)) is not None]
         if leases:
             released += int(await scripts(
                 protocol.release_call(settings, capability, agent_id, reason, leases)))
@@ -112,7 +110,7 @@ async def reclaim_lapsed(client: Any, scripts: Any, settings: Settings, capabili
         cursor, entries = reply[0], reply[1]
         leases = []
         for entry_id, fields in entries:
-            lease = parse_lease(capability, entry_id, fields)
+            lease = parse_lease(entry_id, fields)
             if lease is not None:
                 leases.append(lease)
             elif fields:  # not a valid delivery: keep it, in the dead-letter stream
