@@ -95,15 +95,16 @@ end
 -- seq+1's fields to `h` and returns seq+1. `now_s`: the time as text; `attempt`: as text.
 function add_event(h, c, id, seq, attempt, w, etype, agent, now_s, data)
   seq = seq + 1
+  local seq_s = tostring(seq)  -- (once: every number turned into text is a printf)
   local text = etype .. '|' .. now_s .. '|' .. attempt .. '|' .. (agent or '') .. '|' .. data
   local n = #h
-  h[n + 1] = 'e:' .. seq
+  h[n + 1] = 'e:' .. seq_s
   h[n + 2] = text
   if w == '1' then
-    redis.call('PUBLISH', c.chan .. 'ev:' .. id, seq .. '|' .. text)
+    redis.call('PUBLISH', c.chan .. 'ev:' .. id, seq_s .. '|' .. text)
   end
   if c.feed_maxlen > 0 then
-    c.lines[#c.lines + 1] = id .. '|' .. seq .. '|' .. text
+    c.lines[#c.lines + 1] = id .. '|' .. seq_s .. '|' .. text
   end
   return seq
 end

@@ -57,7 +57,7 @@ for i = 0, n - 1 do
   local task_key = KEYS[10 + i]
   entries[i + 1] = entry
   local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'attempt', 'max_attempts',
-    'seq', 'w', 'd', 'id', 'dispatched_at')
+    'seq', 'w', 'd', 'id', 'dispatched_at', 'reason', 'error')
   local state = f[1]
   local mine = f[2] == fence and f[3] == agent
   local status
@@ -82,14 +82,18 @@ for i = 0, n - 1 do
       token_sha = token_sha or redis.sha1hex(ARGV[2])
       local started_s = jint(math.max(now - (tonumber(exec_ms) or 0), tonumber(f[10]) or 0))
       attempt = attempt + 1
-      h = {'attempt', attempt, 'state', 'running', 'started_at', started_s, 'accepted_by', token_sha}
+      -- (its state is set by the outcome below, in the same HSET, or first on a failure)
+      h = {'attempt', tostring(attempt), 'started_at', started_s, 'accepted_by', token_sha}
       seq = add_event(h, c, f[9], seq, attempt, f[7], 'accepted', agent, started_s, '{}')
     end
     local k = #h
     if outcome == 'success' then
       h[k + 1] = 'state'; h[k + 2] = 'succeeded'; h[k + 3] = 'result'; h[k + 4] = body
       h[k + 5] = 'finished_at'; h[k + 6] = now_s; h[k + 7] = 'exec_ms'; h[k + 8] = exec_ms
-      h[k + 9] = 'reason'; h[k + 10] = ''; h[k + 11] = 'error'; h[k + 12] = ''
+      -- An earlier attempt's reason and error are cleared (a first attempt has neither: two
+      -- fields fewer to write and to keep).
+      if f[11] then h[#h + 1] = 'reason'; h[#h + 1] = '' end
+      if f[12] then h[#h + 1] = 'error'; h[#h + 1] = '' end
       seq = add_event(h, c, f[9], seq, attempt, f[7], 'succeeded', agent, now_s,
         '{"exec_ms":' .. jint(exec_ms) .. '}')
       k = #h
@@ -110,7 +114,7 @@ for i = 0, n - 1 do
       status = 'retry'
     else
       if k > 0 then
-        h[k + 1] = 'seq'; h[k + 2] = seq
+        h[k + 1] = 'state'; h[k + 2] = 'running'; h[k + 3] = 'seq'; h[k + 4] = seq
         redis.call('HSET', task_key, unpack(h))  -- (the start, recorded first)
       end
       local reason = outcome
