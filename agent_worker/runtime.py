@@ -343,9 +343,9 @@ class Worker(Reporting):
                     if not entries:
                         self._recover.discard(binding.capability)
                 else:
-                    reply = await self._redis.xreadgroup(
-                        AGENT_GROUP, self.agent_id, {inbox: ">"}, count=held, block=READ_BLOCK_MS
-                    )
+                    reply = await self._scripts.command(
+                        "XREADGROUP", "GROUP", AGENT_GROUP, self.agent_id, "COUNT", held,
+                        "BLOCK", READ_BLOCK_MS, "STREAMS", inbox, ">")
                     entries = reply[0][1] if reply else []
                 self._release(held - len(entries))
                 held = 0

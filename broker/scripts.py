@@ -104,6 +104,16 @@ class AsyncScripts:
             out.append(reply)
         return out
 
+    async def command(self, *args: Any) -> Any:
+        """One plain command, sent the lean way (see _pipelined); its error is raised. For a
+        worker's blocking inbox read, which every task at low load waits on."""
+        if self._cluster:
+            return await self._client.execute_command(*args)
+        (reply,) = await self._pipelined([args])
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
     async def _pipelined(self, commands: list[tuple[Any, ...]]) -> list[Any]:
         """Send the commands in one write and read their replies, an error reply as its
         exception. redis-py's Pipeline does the same with several layers around it (a command
