@@ -42,6 +42,7 @@ class Scripts:
 
     def __init__(self, client: Redis | RedisCluster) -> None:
         self._client: Any = client
+        self._cluster = isinstance(client, RedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
@@ -50,11 +51,32 @@ class Scripts:
             # A bare EVALSHA: redis-py's Script wraps it in several layers, which cost more
             # than the round trip on a hot path.
             try:
-                return self._client.execute_command("EVALSHA", script.sha, len(call.keys),
-                                                    *call.keys, *call.args)
+                return self._evalsha(script.sha, call)
             except redis.exceptions.NoScriptError:
                 pass  # (the Script below loads it)
         return script(keys=call.keys, args=call.args, client=client)
+
+    def _evalsha(self, sha: str, call: ScriptCall) -> Any:
+        """EVALSHA straight on a pooled connection. redis-py's execute_command wraps each
+        command in a retry loop and observability hooks, about a third of the CPU a producer's
+        submit costs; a stale pooled connection is still replaced when it is taken, callers
+        that retry do so themselves (ReachClient._write), and a connection that fails half way
+        is closed, never reused with a reply unread."""
+        args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+        if self._cluster:
+            return self._client.execute_command(*args)
+        pool = self._client.connection_pool
+        conn = pool.get_connection()
+        try:
+            conn.send_packed_command(conn.pack_command(*args))
+            return conn.read_response()
+        except redis.exceptions.ResponseError:
+            raise  # (an error reply: the connection is in step)
+        except BaseException:
+            conn.disconnect()
+            raise
+        finally:
+            pool.release(conn)
 
 
 class AsyncScripts:
