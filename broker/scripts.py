@@ -37,6 +37,12 @@ def source(name: str) -> str:
     return f"{lib}\n-- ===== {name}.lua =====\n{body}"
 
 
+def evalsha_command(sha: str, call: ScriptCall) -> tuple[Any, ...]:
+    """The bare EVALSHA of a call. (redis-py's Script wraps one in several layers, which cost
+    more than the round trip on a hot path, and asks Redis whether the script exists first.)"""
+    return ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+
+
 class Scripts:
     """Runs ScriptCalls on a synchronous client (EVALSHA, loading the script when Redis lacks it)."""
 
@@ -62,7 +68,7 @@ class Scripts:
         submit costs; a stale pooled connection is still replaced when it is taken, callers
         that retry do so themselves (ReachClient._write), and a connection that fails half way
         is closed, never reused with a reply unread."""
-        args = ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+        args = evalsha_command(sha, call)
         if self._cluster:
             return self._client.execute_command(*args)
         pool = self._client.connection_pool
@@ -91,8 +97,7 @@ class AsyncScripts:
         script = self._scripts[call.name]
         if client is None:
             try:
-                return await self._client.execute_command("EVALSHA", script.sha, len(call.keys),
-                                                          *call.keys, *call.args)
+                return await self._client.execute_command(*evalsha_command(script.sha, call))
             except redis.exceptions.NoScriptError:
                 pass  # (the Script below loads it)
         return await script(keys=call.keys, args=call.args, client=client)
@@ -110,9 +115,7 @@ class AsyncScripts:
         # Bare EVALSHAs: a reply is a NoScriptError if Redis lacks the script (then the call
         # runs again alone, which loads it). redis-py's own way would ask Redis whether the
         # scripts exist before every execute, one more round trip.
-        commands: list[tuple[Any, ...]] = [
-            ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
-            for call in calls]
+        commands = [evalsha_command(self._scripts[call.name].sha, call) for call in calls]
         commands += extra
         if not commands:
             return []

@@ -12,6 +12,7 @@ Nothing is ever flushed: each test uses its own prefix and deletes only its own 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import secrets
@@ -200,6 +201,16 @@ def wait_until(condition: Callable[[], Any], timeout: float = 20.0, interval: fl
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         time.sleep(interval)
+
+
+async def asyncio_wait_until(condition: Callable[[], Any], timeout: float = 10.0,
+                             message: str = "condition") -> None:
+    """wait_until inside an event loop: the loop goes on running between polls."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {message}")
+        await asyncio.sleep(0.01)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from broker.keys import REGISTRY_TAG, CapabilityKeys, Channels, RegistryKeys
 from broker.registry import AgentRecord, AgentState, agent_state, server_ms
 from broker.results import events_of_record
 from tests.cluster import LocalCluster, command, runs
-from tests.conftest import FAST, Fleet, Proc, wait_until
+from tests.conftest import FAST, Fleet, Proc, asyncio_wait_until, wait_until
 
 # redis-cli gives the first master slots 0-5460, the second 5461-10922, the third 10923-16383:
 # {alpha} is slot 865, {search} 6958, {extract} 13775, and the registry's {_registry} 7033 (on
@@ -298,14 +298,6 @@ def test_async_waiters_survive_their_pubsub_connection_being_killed(
 
     woken = asyncio.run(scenario())
     assert max(woken) < 2.5, f"waiters were woken by their re-check, not by pub/sub: {woken}"
-
-
-async def asyncio_wait_until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        await asyncio.sleep(0.01)
 
 
 # -- delivery through dispatcher and worker processes -----------------------------------------

@@ -13,7 +13,7 @@ from broker.keys import CapabilityKeys
 from broker.registry import server_ms
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
-from tests.conftest import Fleet, sync_redis, wait_until
+from tests.conftest import Fleet, asyncio_wait_until, sync_redis, wait_until
 from tests.handlers import run_order, runs
 
 
@@ -83,10 +83,8 @@ def test_calls_sent_together_keep_their_replies_and_an_exchange_past_its_timeout
             await scripts.run_all([nobody], [("BLPOP", waiting, 30)])
         assert time.monotonic() - started < 5
         # The connection was closed: its BLPOP waits no more and takes nothing pushed later ...
-        deadline = time.monotonic() + 10
-        while "cmd=blpop" in str(r.execute_command("CLIENT", "LIST")):
-            assert time.monotonic() < deadline, "the abandoned BLPOP is still waiting"
-            await asyncio.sleep(0.02)
+        await asyncio_wait_until(lambda: "cmd=blpop" not in str(r.execute_command("CLIENT", "LIST")),
+                                 message="the abandoned BLPOP to stop waiting")
         await aclient.lpush(waiting, "x")
         assert await aclient.lrange(waiting, 0, -1) == ["x"]
         # ... and the next exchange reads its own replies.
