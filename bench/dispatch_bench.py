@@ -142,6 +142,7 @@ def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
                 raise ProcessFailed(f"dispatcher routed nothing (log: {dispatcher.log_path})")
             time.sleep(0.001)
         cpu0, t0 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+        consumer_cpu0 = consumer.cpu_seconds() or 0.0
         last, moved_at = tasks + 1, t0
         while (left := r.zcard(keys.queue)) > 0:
             dispatcher.check_alive()
@@ -154,6 +155,7 @@ def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
                                     f"(log: {dispatcher.log_path})")
             time.sleep(0.005)
         cpu1, t1 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+        consumer_cpu = (consumer.cpu_seconds() or 0.0) - consumer_cpu0
         after = bench.target.snapshot()
         dispatcher.stop(5.0)
         consumer.stop(5.0, command="STOP")
@@ -172,6 +174,8 @@ def measure_process(bench: Bench, agents: int, tasks: int) -> dict[str, Any]:
             "decisions_per_s": rate,
             "dispatcher_cpu_util": round(util, 3) if util is not None else None,
             "decisions_per_cpu_s": round(rate / util, 1) if rate and util else None,
+            # The consumer shares Redis's core: what it costs there, per task.
+            "consumer_cpu_us_per_task": round(consumer_cpu * 1e6 / tasks, 1),
             "redis": after.delta(before, tasks),
             "pinned": two_cores,
         }

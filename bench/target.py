@@ -35,11 +35,16 @@ class Snapshot:
         total = sum(calls.values())
         top = sorted(calls.items(), key=lambda kv: -kv[1])[:12]
         scripts = sum(v for k, v in calls.items() if k in ("evalsha", "eval", "fcall"))
+        # Time inside each command (a script's includes the commands it calls, which are
+        # counted on their own too: the difference is the Lua interpreter's share).
+        usec = {k: self.usec.get(k, 0) - before.usec.get(k, 0) for k in calls}
+        top_usec = sorted(usec.items(), key=lambda kv: -kv[1])[:8]
         return {
             "commands_per_task": round(total / per, 2),
             "scripts_per_task": round(scripts / per, 3),
             "redis_cpu_us_per_task": round((self.cpu_s - before.cpu_s) * 1e6 / per, 1),
             "top_commands_per_task": {k: round(v / per, 3) for k, v in top},
+            "top_command_us_per_task": {k: round(v / per, 1) for k, v in top_usec},
         }
 
 
