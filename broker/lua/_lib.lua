@@ -90,23 +90,30 @@ local function event(c, t, etype, agent, now, data)
   t._seq_dirty = true
 end
 
--- The same as event(), for the hot paths (submit, dispatch, complete), which build the HSET
--- arguments of a task's change in a plain list `h` instead of a task table: appends event
--- seq+1's fields to `h` and returns seq+1. `now_s`: the time as text; `attempt`: as text.
-function add_event(h, c, id, seq, attempt, w, etype, agent, now_s, data)
-  seq = seq + 1
-  local seq_s = tostring(seq)  -- (once: every number turned into text is a printf)
+-- Event seq+1 of a task, for the hot paths (submit, dispatch, complete), which write a task's
+-- change with explicit HSET arguments or a plain list instead of a task table: publishes it if
+-- someone watches the task (w = '1'), queues its line for the feed, and returns seq+1 and the
+-- event as text, for the caller to write as fields `seq` and `e:<seq>`. `now_s`: the time as
+-- text; `attempt`: as text.
+local function new_event(c, id, seq, attempt, w, etype, agent, now_s, data)
+  local seq_s = tostring(seq + 1)  -- (once: every number turned into text is a printf)
   local text = etype .. '|' .. now_s .. '|' .. attempt .. '|' .. (agent or '') .. '|' .. data
-  local n = #h
-  h[n + 1] = 'e:' .. seq_s
-  h[n + 2] = text
   if w == '1' then
     redis.call('PUBLISH', c.chan .. 'ev:' .. id, seq_s .. '|' .. text)
   end
   if c.feed_maxlen > 0 then
     c.lines[#c.lines + 1] = id .. '|' .. seq_s .. '|' .. text
   end
-  return seq
+  return seq_s, text
+end
+
+-- new_event, with its field appended to the HSET arguments `h`; returns seq+1.
+function add_event(h, c, id, seq, attempt, w, etype, agent, now_s, data)
+  local seq_s, text = new_event(c, id, seq, attempt, w, etype, agent, now_s, data)
+  local n = #h
+  h[n + 1] = 'e:' .. seq_s
+  h[n + 2] = text
+  return seq + 1
 end
 
 -- A ready task's score in the queue: when it became ready minus priority x aging_ms (higher
@@ -231,7 +238,8 @@ local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadlin
 -- writes them). The record keeps the entry's id (`entry`), so a cancel can take an unread entry
 -- back. Returns the new fence.
 local function deliver(c, task_key, f, h, inbox, agent, local_id, now_s, why, extra)
-  local fence = (tonumber(f[2]) or 0) + 1
+  -- (the fence as text once: every number handed to redis.call or concatenated is a printf)
+  local fence = tostring((tonumber(f[2]) or 0) + 1)
   local attempt = f[4] or '0'
   local payload = f[8] or ''
   local entry
@@ -242,19 +250,32 @@ local function deliver(c, task_key, f, h, inbox, agent, local_id, now_s, why, ex
   else
     entry = redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence)
   end
-  local n = #h
-  h[n + 1] = 'state'; h[n + 2] = 'dispatched'; h[n + 3] = 'agent_id'; h[n + 4] = agent
-  h[n + 5] = 'dispatched_at'; h[n + 6] = now_s; h[n + 7] = 'fence'; h[n + 8] = fence
-  h[n + 9] = 'entry'; h[n + 10] = entry
-  if why and why ~= '' then
-    h[n + 11] = 'explain'; h[n + 12] = why
-  end
-  local seq = add_event(h, c, f[6], tonumber(f[3]) or 0, attempt, f[5], 'dispatched', agent, now_s,
+  local seq, text = new_event(c, f[6], tonumber(f[3]) or 0, attempt, f[5], 'dispatched', agent, now_s,
     '{"fence":' .. fence .. (extra or '') .. '}')
-  n = #h
-  h[n + 1] = 'seq'; h[n + 2] = seq
-  redis.call('HSET', task_key, unpack(h))
-  return fence
+  local e = 'e:' .. seq
+  local explain = why and why ~= ''
+  if #h == 0 then
+    -- The hot path (dispatch, pulls) names its fields in the call: building a table to unpack
+    -- cost about 15 % of a dispatched task's time in Redis.
+    if explain then
+      redis.call('HSET', task_key, 'state', 'dispatched', 'agent_id', agent, 'dispatched_at', now_s,
+        'fence', fence, 'entry', entry, 'explain', why, e, text, 'seq', seq)
+    else
+      redis.call('HSET', task_key, 'state', 'dispatched', 'agent_id', agent, 'dispatched_at', now_s,
+        'fence', fence, 'entry', entry, e, text, 'seq', seq)
+    end
+  else
+    local n = #h
+    h[n + 1] = 'state'; h[n + 2] = 'dispatched'; h[n + 3] = 'agent_id'; h[n + 4] = agent
+    h[n + 5] = 'dispatched_at'; h[n + 6] = now_s; h[n + 7] = 'fence'; h[n + 8] = fence
+    h[n + 9] = 'entry'; h[n + 10] = entry; h[n + 11] = e; h[n + 12] = text
+    h[n + 13] = 'seq'; h[n + 14] = seq
+    if explain then
+      h[n + 15] = 'explain'; h[n + 16] = why
+    end
+    redis.call('HSET', task_key, unpack(h))
+  end
+  return tonumber(fence)
 end
 
 -- Record the start of an attempt (the task loaded with state, fence, agent_id): count it, mark
