@@ -50,7 +50,7 @@ from broker.settings import Settings
 
 log = logging.getLogger("reach.worker")
 
-AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+AGENT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z")
 READ_BLOCK_MS = 1000
 TICK_S = 0.1
 

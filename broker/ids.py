@@ -16,9 +16,9 @@ import time
 
 from broker.errors import InvalidCapability, InvalidTaskId
 
-CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}\Z")
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
-_LOCAL_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}$")
+_LOCAL_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}\Z")
 
 
 def check_capability(name: object) -> str:

@@ -20,6 +20,8 @@ from broker.settings import Settings
 log = logging.getLogger("reach.inbox")
 
 BATCH = 200
+# The latest millisecond time a datetime holds (9999-12-31): past it an entry is no delivery.
+_MAX_MS = 253_402_300_799_999
 
 
 def parse_lease(entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
@@ -27,7 +29,7 @@ def parse_lease(entry_id: str, fields: dict[str, str] | None) -> protocol.Lease 
     if not fields:
         return None
     local, fence = fields.get("id", ""), fields.get("fence", "")
-    if not (is_local_id(local) and fence.isdigit()):
+    if not (is_local_id(local) and fence.isascii() and fence.isdigit()):
         return None
     return protocol.Lease(entry_id, local, fence)
 
@@ -45,14 +47,17 @@ def parse_delivery(capability: str, entry_id: str,
         return None
     attempt, timeout_ms, deadline_at, max_attempts, trace_id, session_id, metadata = packed
     try:
-        return protocol.AcceptedTask(
-            entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
-            task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=int(attempt),
-            timeout_ms=int(timeout_ms), deadline_at_ms=int(deadline_at), trace_id=trace_id,
-            session_id=session_id, metadata=metadata, max_attempts=int(max_attempts),
-        )
+        numbers = [int(attempt), int(timeout_ms), int(deadline_at), int(max_attempts)]
     except ValueError:
         return None
+    if not all(0 <= n <= _MAX_MS for n in numbers):
+        return None  # (a forged or corrupt entry must not crash the reader on a datetime)
+    return protocol.AcceptedTask(
+        entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
+        task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=numbers[0],
+        timeout_ms=numbers[1], deadline_at_ms=numbers[2], trace_id=trace_id,
+        session_id=session_id, metadata=metadata, max_attempts=numbers[3],
+    )
 
 
 async def last_delivered(client: Any, inbox: str) -> str | None:

@@ -22,7 +22,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 from broker.errors import ConfigError
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+_PREFIX_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,64}\Z")
 
 # The file contents for the Settings being built right now (see Settings.load).
 _file_values: ContextVar[Mapping[str, Any]] = ContextVar("_file_values")

@@ -27,7 +27,8 @@ def _nothing_written(r: redis.Redis, prefix: str) -> bool:
     return not [k for k in r.scan_iter(match=f"{prefix}:*") if not k.endswith(":capabilities")]
 
 
-@pytest.mark.parametrize("name", ["", "Summarize", "-x", "a" * 65, "has space", "a:b", "a{b}", 7, None])
+@pytest.mark.parametrize("name", ["", "Summarize", "-x", "a" * 65, "has space", "a:b", "a{b}",
+                                  "summarize\n", 7, None])
 def test_invalid_capability_names(client: ReachClient, r: redis.Redis, prefix: str, name: Any) -> None:
     with pytest.raises(InvalidCapability, match="invalid capability name"):
         client.submit(name, {"x": 1})

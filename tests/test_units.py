@@ -261,3 +261,9 @@ def test_an_inbox_entry_carries_what_starting_its_task_needs() -> None:
     assert parse_delivery("cap", "1-0", {"id": fields["id"], "fence": "4"}) is None  # accept first
     assert parse_delivery("cap", "1-0", {**fields, "x": "2|bad"}) is None
     assert parse_delivery("cap", "1-0", {**fields, "fence": "x"}) is None
+    # Forged or corrupt entries are no delivery (and crash nothing): a newline after the id,
+    # digits that are not ASCII, a deadline past what a datetime holds, a negative timeout.
+    assert parse_delivery("cap", "1-0", {**fields, "id": fields["id"] + "\n"}) is None
+    assert parse_delivery("cap", "1-0", {**fields, "fence": "\u00b2"}) is None
+    assert parse_delivery("cap", "1-0", {**fields, "x": "2|60000|99999999999999999|3|||"}) is None
+    assert parse_delivery("cap", "1-0", {**fields, "x": "2|-1|0|3|||"}) is None
