@@ -36,6 +36,7 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry
 from redis.sentinel import Sentinel
 from tenacity import (
@@ -119,6 +120,18 @@ class _FastSyncConnection(_HiredisPacking, redis.Connection):
 
 class _FastSyncSSLConnection(_HiredisPacking, redis.SSLConnection):
     pass
+
+
+def _standalone_options(url: str, asynchronous: bool) -> dict[str, Any]:
+    """The options of a plain (not Cluster, not Sentinel) client for `url`."""
+    options = {**_COMMON, **_fast_connection_class(url, asynchronous)}
+    if url.startswith("unix://"):
+        del options["socket_keepalive"]  # (a TCP option: a Unix socket connection refuses it)
+    # redis-py 8 enables its maintenance notifications (a Redis Enterprise feature) on "auto",
+    # and while they are on, its pool hands out a pooled connection the server has closed
+    # without replacing it, so the first exchange after a Redis restart fails.
+    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    return options
 
 
 def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any]:
@@ -308,8 +321,8 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
             raise
         except TRANSIENT_ERRORS as exc:
             raise unavailable(exc, settings) from exc
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON,
-                                **_fast_connection_class(url, asynchronous=False))
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout,
+                                **_standalone_options(url, asynchronous=False))
 
 
 def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncClient:
@@ -319,8 +332,8 @@ def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> As
         return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         return _AsyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
-    return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **_COMMON,
-                                        **_fast_connection_class(url))
+    return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout,
+                                        **_standalone_options(url, asynchronous=True))
 
 
 def is_cluster(client: Any) -> bool:

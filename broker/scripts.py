@@ -65,12 +65,20 @@ class Scripts:
     def _evalsha(self, sha: str, call: ScriptCall) -> Any:
         """EVALSHA straight on a pooled connection. redis-py's execute_command wraps each
         command in a retry loop and observability hooks, about a third of the CPU a producer's
-        submit costs; a stale pooled connection is still replaced when it is taken, callers
-        that retry do so themselves (ReachClient._write), and a connection that fails half way
-        is closed, never reused with a reply unread."""
+        submit costs. A connection that fails half way is closed, never reused with a reply
+        unread. A lost connection (one a proxy or a failover dropped while it sat in the pool)
+        gets one more try on a fresh one, as redis-py's own retry gave it; callers that ride
+        out longer outages do so themselves (ReachClient._write). (Not a timeout: the call may
+        still be running.)"""
         args = evalsha_command(sha, call)
         if self._cluster:
             return self._client.execute_command(*args)
+        try:
+            return self._exchange(args)
+        except redis.exceptions.ConnectionError:
+            return self._exchange(args)
+
+    def _exchange(self, args: tuple[Any, ...]) -> Any:
         pool = self._client.connection_pool
         conn = pool.get_connection()
         try:
