@@ -61,17 +61,31 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
         if ctx.cancelled:  # canceled by the producer: the result would be discarded anyway
             return end(Outcome.FAILURE, "canceled while running")
         raise
+    except SystemExit as exc:
+        # (sys.exit() in a handler would end the whole worker, with its other tasks, unreported)
+        return end(Outcome.FAILURE, f"handler raised SystemExit({exc.code!r}); a handler must "
+                                    "not exit the worker")
     except Exception as exc:
         if ctx._timed_out:  # (a handler that turned the cancellation into an error of its own)
             return timed_out()
         return end(classify(exc, retry_failures=binding.retry_failures), describe(exc),
-                   getattr(exc, "retry_after_s", None))
+                   _retry_after(exc))
     if ctx._timed_out:  # (a handler that swallowed the cancellation: too late all the same)
         return timed_out()
-    if isinstance(result, BaseModel):
-        result = result.model_dump(mode="json")
     try:
+        if isinstance(result, BaseModel):
+            result = result.model_dump(mode="json")
         body = codec.encode_payload(result, max_result_bytes, where="result")
     except InvalidPayload as exc:
         return end(Outcome.BAD_RESULT, f"handler returned a bad result: {exc}")
+    except Exception as exc:  # (a model whose serializer fails, a value JSON cannot encode)
+        return end(Outcome.BAD_RESULT, f"handler returned a bad result: {describe(exc)}")
     return end(Outcome.SUCCESS, body)
+
+
+def _retry_after(exc: BaseException) -> float | None:
+    """The exception's `retry_after_s` hint, when it is a number of seconds (else none)."""
+    value = getattr(exc, "retry_after_s", None)
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value < 86_400 * 365:
+        return float(value)
+    return None

@@ -34,7 +34,7 @@ from typing import Any
 
 import redis
 
-from agent_worker.classify import backoff_ms
+from agent_worker.classify import backoff_ms, describe
 from agent_worker.context import TaskContext
 from agent_worker.executor import AttemptEnd, run_attempt
 from agent_worker.handlers import Binding
@@ -487,6 +487,9 @@ class Worker(Reporting):
                                     self.settings.max_payload_bytes)
         except asyncio.CancelledError:
             end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
+        except Exception as exc:  # (run_attempt turns a handler's errors into outcomes: not this)
+            log.exception("attempt of %s ended in an error of the worker's own", ctx.task_id)
+            end = AttemptEnd(Outcome.FAILURE, f"worker error: {describe(exc)}", 0)
         finally:
             self.running.pop(ctx.task_id, None)
             if self._piggyback:

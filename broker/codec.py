@@ -27,11 +27,22 @@ def check_json_value(value: Any, where: str = "payload") -> None:
         raise NotStrictJson(f"{where} is not strict JSON")  # (_explain names where, always)
 
 
+# Items the plain walk takes before it looks for a circular reference (which would make it
+# endless): far more than a payload within the size limit holds, unless it repeats values.
+_PLAIN_WALK_ITEMS = 200_000
+
+
 def _is_strict(value: Any) -> bool:
     """Whether `value` is strict JSON: the walk every payload and result takes, without the
-    path names that only a refusal needs (building them cost more than the rest)."""
+    path names that only a refusal needs (building them cost more than the rest). A walk that
+    runs long is redone keeping the containers it is inside (_is_strict_acyclic); keeping them
+    always cost two to four times the plain walk."""
     stack = [value]
+    budget = _PLAIN_WALK_ITEMS
     while stack:
+        budget -= 1
+        if budget < 0:
+            return _is_strict_acyclic(value)
         item = stack.pop()
         if isinstance(item, float):
             if not math.isfinite(item):
@@ -50,9 +61,52 @@ def _is_strict(value: Any) -> bool:
     return True
 
 
+class _Leave:
+    """Marks, on a walk's stack, where the walk leaves a container (its id)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: int) -> None:
+        self.key = key
+
+
+def _is_strict_acyclic(value: Any) -> bool:
+    """_is_strict, keeping the containers the walk is inside: one met again inside itself is a
+    circular reference, which JSON cannot hold; a value merely used twice is fine."""
+    stack: list[Any] = [value]
+    inside: set[int] = set()
+    while stack:
+        item = stack.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return False
+        elif isinstance(item, _SCALARS):
+            continue
+        elif isinstance(item, _Leave):
+            inside.discard(item.key)
+        elif isinstance(item, dict | list | tuple):
+            key = id(item)
+            if key in inside:
+                return False
+            if isinstance(item, dict):
+                for name in item:
+                    if not isinstance(name, str):
+                        return False
+                children: Any = item.values()
+            else:
+                children = item
+            inside.add(key)
+            stack.append(_Leave(key))
+            stack.extend(children)
+        else:
+            return False
+    return True
+
+
 def _explain(value: Any, where: str) -> None:
     """Raise NotStrictJson naming where `value` first fails to be strict JSON."""
     stack: list[tuple[Any, str]] = [(value, where)]
+    inside: set[int] = set()
     while stack:
         item, path = stack.pop()
         if isinstance(item, float):
@@ -60,7 +114,14 @@ def _explain(value: Any, where: str) -> None:
                 raise NotStrictJson(f"{path} is {item!r}, which JSON cannot represent")
         elif isinstance(item, _SCALARS):
             continue
+        elif isinstance(item, _Leave):
+            inside.discard(item.key)
+        elif isinstance(item, dict | list | tuple) and id(item) in inside:
+            raise NotStrictJson(f"{path} is the object or array that holds it (a circular "
+                                "reference, which JSON cannot represent)")
         elif isinstance(item, dict):
+            inside.add(id(item))
+            stack.append((_Leave(id(item)), path))
             for key, child in item.items():
                 if not isinstance(key, str):
                     raise NotStrictJson(
@@ -69,6 +130,8 @@ def _explain(value: Any, where: str) -> None:
                     )
                 stack.append((child, f"{path}[{key!r}]"))
         elif isinstance(item, list | tuple):
+            inside.add(id(item))
+            stack.append((_Leave(id(item)), path))
             stack.extend((child, f"{path}[{i}]") for i, child in enumerate(item))
         else:
             raise NotStrictJson(
@@ -98,7 +161,10 @@ def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
         check_json_value(value, where)
     except NotStrictJson as exc:
         raise InvalidPayload(str(exc)) from None
-    text = dumps(value)
+    try:
+        text = dumps(value)
+    except RecursionError:
+        raise InvalidPayload(f"{where} is nested too deeply to encode") from None
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise InvalidPayload(f"{where} is {size} bytes of JSON, over the limit of {max_bytes} bytes")

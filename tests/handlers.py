@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 import time
 from typing import Any
 
@@ -123,6 +124,31 @@ async def bad_result(ctx: TaskContext, payload: Any) -> Any:
 
 async def set_result(ctx: TaskContext, payload: Any) -> Any:
     return {1, 2, 3}
+
+
+async def circular_result(ctx: TaskContext, payload: Any) -> Any:
+    result: dict[str, Any] = {"n": 1}
+    result["self"] = result
+    return result
+
+
+async def deep_result(ctx: TaskContext, payload: Any) -> Any:
+    result: list[Any] = []
+    inner = result
+    for _ in range(100_000):
+        inner.append([])
+        inner = inner[0]
+    return result
+
+
+async def exits(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    sys.exit(3)
+
+
+async def bad_retry_hint(ctx: TaskContext, payload: Any) -> Any:
+    count_run(str(payload["n"]))
+    raise Retryable("upstream busy", retry_after_s="soon")  # type: ignore[arg-type]
 
 
 async def watch_cancel(ctx: TaskContext, payload: Any) -> Any:

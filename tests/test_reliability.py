@@ -166,7 +166,9 @@ def test_always_retryable_ends_in_the_dlq_after_three_attempts_with_backoff(
 
 
 @pytest.mark.parametrize("handler, reason", [("invalid", "invalid_request"), ("boom", "failure"),
-                                             ("bad_result", "bad_result"), ("set_result", "bad_result")])
+                                             ("bad_result", "bad_result"), ("set_result", "bad_result"),
+                                             ("circular_result", "bad_result"),
+                                             ("deep_result", "bad_result"), ("exits", "failure")])
 def test_terminal_failures_are_never_retried(client: ReachClient, fleet: Fleet, r: redis.Redis,
                                              prefix: str, handler: str, reason: str) -> None:
     fleet.dispatcher()
@@ -188,6 +190,20 @@ def test_per_task_max_attempts(client: ReachClient, fleet: Fleet, r: redis.Redis
     with pytest.raises(TaskFailed):
         handle.result(timeout=60)
     assert runs(r, prefix) == {"1": 5}
+
+
+def test_a_retry_hint_that_is_no_number_still_retries(client: ReachClient, fleet: Fleet,
+                                                      r: redis.Redis, prefix: str) -> None:
+    # (A handler's Retryable(retry_after_s="soon") once killed the attempt's bookkeeping: no
+    # report, the task stuck running until its lease lapsed.)
+    fleet.dispatcher()
+    fleet.worker("hint", handler="tests.handlers:bad_retry_hint")
+    handle = client.submit("hint", {"n": 1}, max_attempts=2)
+    with pytest.raises(TaskFailed) as failed:
+        handle.result(timeout=30)
+    assert failed.value.reason == "retries_exhausted" and "upstream busy" in (failed.value.error or "")
+    assert runs(r, prefix) == {"1": 2}
+    assert "lease" not in (failed.value.error or "")
 
 
 def test_retry_avoids_the_agent_that_just_failed(make_settings: Any, fleet: Fleet) -> None:
@@ -284,6 +300,35 @@ def test_no_agent_timeout(make_settings: Any, fleet: Fleet) -> None:
         with pytest.raises(TaskFailed) as failed:
             handle.result(timeout=30)
         assert failed.value.reason == "no_agent_timeout"
+
+
+def test_a_task_failed_before_its_agent_read_it_is_taken_out_of_the_inbox(make_settings: Any,
+                                                                         fleet: Fleet) -> None:
+    # (Agents start what they read at once, before the start is recorded: an entry left in the
+    # inbox of a task that already failed would still run when the agent reads on.) The agent
+    # runs one task at a time; the second waits unread in its inbox until no agent started it.
+    settings = make_settings(no_agent_timeout_ms=1500)
+    r = sync_redis(settings.redis_url)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        busy = fleet.worker("unread", handler="tests.handlers:sleepy", concurrency=1, settings=settings)
+        first = client.submit("unread", {"n": "a", "s": 4})
+        wait_state(client, first.task_id, "running")
+        waiting = client.submit("unread", {"n": "b", "s": 0})
+        assert wait_state(client, waiting.task_id, "dispatched", "failed").agent_id == busy.agent_id
+        with pytest.raises(TaskFailed) as failed:
+            waiting.result(timeout=30)
+        assert failed.value.reason == "no_agent_timeout"
+        inbox = CapabilityKeys(settings.prefix, "unread").inbox(busy.agent_id)
+        local = waiting.task_id.split(":")[1]
+        assert client.status(first.task_id).state == "running"  # (so the entry was never read)
+        assert [f["id"] for _, f in r.xrange(inbox)] == [first.task_id.split(":")[1]]
+        assert first.result(timeout=30)["slept"] == 4
+        # The agent reads on and serves new work; the failed task never ran.
+        assert client.submit("unread", {"n": "c", "s": 0}).result(timeout=30)["slept"] == 0
+        assert local not in [f["id"] for _, f in r.xrange(inbox)]
+        assert runs(r, settings.prefix) == {"a": 1, "c": 1}
+    r.close()
 
 
 def test_cancel_a_running_task_signals_it_and_discards_the_result(
