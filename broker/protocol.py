@@ -456,7 +456,7 @@ def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -
     keys += [ck.task(local) for local in local_ids]
     args: list[str | int | float] = [
         settings.event_feed_maxlen, settings.prefix + ":", settings.result_ttl_ms,
-        settings.no_agent_timeout_ms, *local_ids,
+        settings.no_agent_timeout_ms, ck.inbox(""), *local_ids,
     ]
     return ScriptCall("expire", keys, args)
 

@@ -4,19 +4,41 @@
 -- KEYS[3] delayed zset   KEYS[4] dead-letter stream   KEYS[5] capability event feed
 -- then KEYS[6+i] the task hash of task i
 -- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms
--- ARGV[4] no_agent_timeout ms (0: off)   then ARGV[5+i] the local id of task i
+-- ARGV[4] no_agent_timeout ms (0: off)   ARGV[5] the capability's inbox key prefix (an inbox
+-- is that plus the agent id, in this capability's slot)   then ARGV[6+i] the local id of task i
 -- A running task's agent is told to stop (control channel) and the fence moves, so its late
--- result is refused (and an agent that reads a dispatched entry of it later finds it stale).
+-- result is refused. A dispatched task's entry is taken out of its inbox while unread (agents
+-- start what they read at once, before the start is recorded: it must not start at all); one
+-- already read belongs to an agent that is told to stop.
 -- Entries of tasks that ended meanwhile are dropped from the index.
 -- Returns {expired, no_agent, rescheduled}.
 local c = context(KEYS[5], ARGV[1], ARGV[2], ARGV[3])
 local nat = tonumber(ARGV[4])
 local n = #KEYS - 5
+
+-- The task's agent told to stop, and its entry taken back if still unread (see above).
+local function recall(t)
+  if (t.state ~= 'running' and t.state ~= 'dispatched') or not t.agent_id or t.agent_id == '' then
+    return
+  end
+  if t.state == 'dispatched' and t.entry then
+    local inbox = ARGV[5] .. t.agent_id
+    -- (pcall: the inbox of an agent that deregistered is gone, with its group)
+    local read = redis.pcall('XPENDING', inbox, 'agents', t.entry, t.entry, 1)
+    if type(read) == 'table' and not read.err and #read == 0 then
+      redis.call('XDEL', inbox, t.entry)
+      return
+    end
+  end
+  redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. t.agent_id, 'cancel ' .. t.id)
+end
+
 local now = now_ms()
 local expired, no_agent, later = 0, 0, 0
 for i = 0, n - 1 do
-  local local_id = ARGV[5 + i]
-  local t = load_task(KEYS[6 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at', 'fence'})
+  local local_id = ARGV[6 + i]
+  local t = load_task(KEYS[6 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at',
+                                    'fence', 'entry'})
   local state = t.state
   local deadline = tonumber(t.deadline_at) or 0
   local not_started_by = 0
@@ -30,15 +52,14 @@ for i = 0, n - 1 do
     redis.call('ZREM', KEYS[2], local_id)
     redis.call('ZREM', KEYS[3], local_id)
     set(t, 'fence', (tonumber(t.fence) or 0) + 1)
-    if (state == 'running' or state == 'dispatched') and t.agent_id and t.agent_id ~= '' then
-      redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. t.agent_id, 'cancel ' .. t.id)
-    end
+    recall(t)
     fail_task(c, t, KEYS[4], 'expired', 'deadline passed while ' .. state, t.agent_id, now)
     expired = expired + 1
   elseif not_started_by > 0 and now >= not_started_by and (state == 'queued' or state == 'dispatched') then
     redis.call('ZREM', KEYS[1], local_id)
     redis.call('ZREM', KEYS[2], local_id)
     set(t, 'fence', (tonumber(t.fence) or 0) + 1)
+    recall(t)
     fail_task(c, t, KEYS[4], 'no_agent_timeout',
       'no agent started the task within ' .. nat .. ' ms', t.agent_id, now)
     no_agent = no_agent + 1
