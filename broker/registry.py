@@ -52,7 +52,7 @@ class AgentRecord:
         """Parse a registry hash; None when it is not a usable record."""
         try:
             descriptor = AgentDescriptor.model_validate_json(data["descriptor"])
-            stats = codec.loads(data.get("stats") or "{}")
+            stats = _clean_stats(codec.loads(data.get("stats") or "{}"))
             return cls(
                 agent_id=data["agent_id"],
                 descriptor=descriptor,
@@ -60,13 +60,13 @@ class AgentRecord:
                 registered_at_ms=int(data.get("registered_at") or 0),
                 warm_until_ms=int(data.get("warm_until") or 0),
                 mode=data.get("mode") or "active",
-                stats=stats if isinstance(stats, dict) else {},
+                stats=stats,
                 refused=int(data.get("refused") or 0),
                 recovered_at_ms=int(data.get("recovered_at") or 0),
                 recorded_state=data.get("state") or "",
             )
-        except (KeyError, ValueError):
-            return None
+        except (KeyError, ValueError, TypeError, RecursionError):
+            return None  # (RecursionError: a stats text nested too deeply to parse)
 
     @property
     def capabilities(self) -> list[str]:
@@ -78,6 +78,32 @@ class AgentRecord:
 
     def heartbeat_age_ms(self, now_ms: int) -> int:
         return max(0, now_ms - self.last_seen_ms)
+
+
+# The heartbeat stats that readers take as numbers, and those they take as flags.
+_NUMERIC_STATS = frozenset({"inflight", "max_concurrency", "free_slots", "loop_progress_age_ms",
+                            "loop_lag_ms", "latency_p50_ms", "latency_baseline_ms", "health",
+                            "stability", "done", "failed",
+                            "rejected", "rss_kb"})
+_FLAG_STATS = frozenset({"draining", "stalled"})
+
+
+def _clean_stats(stats: Any) -> dict[str, Any]:
+    """A record's heartbeat stats with every value of the wrong kind left out (a stranger's or
+    a broken agent's record must not break routing, health or `reach agents`)."""
+    if not isinstance(stats, dict):
+        return {}
+    clean: dict[str, Any] = {}
+    for key, value in stats.items():
+        if key in _NUMERIC_STATS:
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                clean[key] = value
+        elif key in _FLAG_STATS:
+            if isinstance(value, bool):
+                clean[key] = value
+        else:
+            clean[key] = value
+    return clean
 
 
 def agent_state(record: AgentRecord, now_ms: int, settings: Settings) -> AgentState:

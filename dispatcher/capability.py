@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from typing import TYPE_CHECKING, Any
@@ -150,8 +151,8 @@ class CapabilityLoop:
     def note_speed(self, agent_id: str, finished: int, exec_ms: float) -> None:
         """Mean execution time of an agent's latest completions (a moving average), so the
         refill allowance follows its speed now rather than at its last heartbeat."""
-        if finished <= 0:
-            return
+        if finished <= 0 or not math.isfinite(exec_ms) or exec_ms < 0:
+            return  # (a malformed wake-up: "nan" parses as a float and would stick in the mean)
         mean = exec_ms / finished
         before = self.speed.get(agent_id)
         self.speed[agent_id] = mean if before is None else 0.8 * before + 0.2 * mean
@@ -278,7 +279,10 @@ class CapabilityLoop:
                 continue
             try:
                 requests.append(parse_intake_entry(self.d.settings, self.capability, entry_id, fields))
-            except BadInput as exc:
+            except Exception as exc:  # (BadInput, or anything else a stranger's entry provokes:
+                # one bad entry must not hold back the good ones read with it)
+                if not isinstance(exc, BadInput):
+                    log.exception("%s: intake entry %s could not be read", self.capability, entry_id)
                 log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
                 await self.d.scripts(protocol.dead_letter_raw_call(
                     self.d.settings, self.capability, stream, DISPATCH_GROUP, entry_id,

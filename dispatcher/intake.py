@@ -35,6 +35,15 @@ def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) ->
         raise BadInput(f"{name} must be a number, got {text!r}") from None
 
 
+def _json_field(fields: dict[str, str], name: str) -> Any:
+    try:
+        return codec.loads(fields[name])
+    except ValueError as exc:
+        raise BadInput(f"{name} is not strict JSON: {exc}") from None
+    except RecursionError:
+        raise BadInput(f"{name} is nested too deeply to parse") from None
+
+
 def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
                        fields: dict[str, str]) -> protocol.SubmitRequest:
     """A validated submit request for one intake entry, or BadInput saying what is wrong."""
@@ -44,16 +53,8 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
     for name, value in fields.items():
         if any("\udc80" <= ch <= "\udcff" for ch in value):
             raise BadInput(f"field {name} is not UTF-8 text")
-    try:
-        payload = codec.loads(fields["payload"])
-    except ValueError as exc:
-        raise BadInput(f"payload is not strict JSON: {exc}") from None
-    metadata = None
-    if fields.get("metadata"):
-        try:
-            metadata = codec.loads(fields["metadata"])
-        except ValueError as exc:
-            raise BadInput(f"metadata is not strict JSON: {exc}") from None
+    payload = _json_field(fields, "payload")
+    metadata = _json_field(fields, "metadata") if fields.get("metadata") else None
     priority = _number(fields, "priority", int)
     return protocol.build_submit_request(
         settings, capability, payload,

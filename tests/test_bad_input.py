@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 import pytest
 import redis
 
+from agent_worker.registration import register
 from broker import (
     BadInput,
     BrokerUnavailable,
@@ -18,8 +20,11 @@ from broker import (
     ReachClient,
     Settings,
     UnknownTask,
+    connection,
 )
-from broker.keys import CapabilityKeys
+from broker.keys import CapabilityKeys, Channels, RegistryKeys
+from broker.models import AgentDescriptor
+from broker.scripts import AsyncScripts
 from tests.conftest import Fleet, wait_until
 
 
@@ -155,13 +160,14 @@ def test_malformed_intake_entries_are_dead_lettered_not_crashing(
     r.xadd(ck.intake, {"nopayload": "1"})
     r.xadd(ck.intake, {"payload": "{}", "priority": "eleven"})
     r.xadd(ck.intake, {"payload": "NaN"})
+    r.xadd(ck.intake, {"payload": "[" * 5000 + "]" * 5000})  # (read with the good ones)
     raw = redis.Redis.from_url(client.settings.redis_url)
     raw.xadd(ck.intake, {b"payload": b'"\xff\xfe"'})
     r.xadd(ck.intake, {"payload": json.dumps({"n": 7}), "priority": "8", "trace_id": "t-1"})
     r.sadd(f"{prefix}:{{_registry}}:capabilities", "raw")
     dispatcher = fleet.dispatcher()
     fleet.worker("raw", handler="tests.handlers:record")
-    wait_until(lambda: r.xlen(ck.dlq) == 5, message="5 dead letters")
+    wait_until(lambda: r.xlen(ck.dlq) == 6, message="6 dead letters")
     reader = redis.Redis.from_url(client.settings.redis_url, decode_responses=True,
                                   encoding_errors="replace")
     entries = reader.xrange(ck.dlq)
@@ -169,12 +175,42 @@ def test_malformed_intake_entries_are_dead_lettered_not_crashing(
     errors = " | ".join(e[1]["error"] for e in entries)
     assert "payload is not strict JSON" in errors and "no payload field" in errors
     assert "priority must be a number" in errors and "not UTF-8" in errors
+    assert "payload is nested too deeply to parse" in errors
     assert json.loads(entries[0][1]["raw"]) == {"payload": "{not json"}
     wait_until(lambda: r.xlen(ck.intake) == 0, message="intake drained")
     assert dispatcher.popen.poll() is None, "the dispatcher must survive malformed entries"
     # The one valid entry became a real task and ran.
     done = wait_until(lambda: r.hgetall(f"{prefix}:test:runs"), message="valid entry ran")
     assert done == {"7": "1"}
+
+
+def test_forged_agent_records_and_wake_ups_do_not_stop_the_dispatcher(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # Agents registered with heartbeat stats of the wrong kind, and nested too deeply to parse;
+    # then a completion wake-up whose execution time is NaN. (Each once stopped the dispatcher
+    # from starting or every round of the capability.)
+    settings = client.settings
+
+    async def forge() -> None:
+        aclient = connection.async_client(settings)
+        scripts = AsyncScripts(aclient)
+        for agent_id in ("forged-types", "forged-deep"):
+            await register(settings, aclient, scripts,
+                           AgentDescriptor(agent_id=agent_id, capabilities=["reg"], max_concurrency=4))
+        await aclient.aclose()
+
+    asyncio.run(forge())
+    registry = RegistryKeys(prefix)
+    r.hset(registry.agent("forged-types"), "stats", '{"inflight": "2", "loop_progress_age_ms": 999999}')
+    r.hset(registry.agent("forged-deep"), "stats", '{"x":' + "[" * 5000 + "]" * 5000 + "}")
+    dispatcher = fleet.dispatcher()
+    good = fleet.worker("reg", handler="tests.handlers:record")
+    r.publish(Channels(prefix).wake, f"free reg {good.agent_id} 0 0 0 1 nan 0")
+    handles = [client.submit("reg", {"n": i}) for i in range(6)]
+    assert [h.result(timeout=30) for h in handles] == [{"n": i} for i in range(6)]
+    assert {client.status(h.task_id).agent_id for h in handles} == {good.agent_id}
+    assert dispatcher.popen.poll() is None
 
 
 def test_malformed_inbox_entry_does_not_crash_the_worker(
