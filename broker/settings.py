@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic.fields import FieldInfo
@@ -217,5 +218,22 @@ def _describe(exc: ValidationError, path: Path | None) -> str:
 
 
 def redact_url(url: str) -> str:
-    """The URL with any password replaced, safe to log."""
-    return re.sub(r"(://[^:@/]*:)[^@/]*@", r"\1***@", url)
+    """The URL with any password replaced, safe to log: the one after the user name (up to the
+    last '@', as a password may hold '@'), and any query parameter named like a password
+    (redis-py honours `?password=`)."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<a Redis URL that cannot be parsed>"
+    netloc = parts.netloc
+    if "@" in netloc:
+        userinfo, hosts = netloc.rsplit("@", 1)
+        if ":" in userinfo:
+            userinfo = userinfo.split(":", 1)[0] + ":***"
+        netloc = f"{userinfo}@{hosts}"
+    query = "&".join(
+        f"{name}=***" if "password" in name.lower() else f"{name}={value}" if sep else name
+        for name, sep, value in (pair.partition("=") for pair in parts.query.split("&") if pair))
+    # (by hand: urlunsplit drops the '//' of an empty host, unix:///path)
+    text = f"{parts.scheme}://{netloc}{parts.path}" if parts.scheme else f"{netloc}{parts.path}"
+    return text + (f"?{query}" if query else "") + (f"#{parts.fragment}" if parts.fragment else "")

@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, run_app, setup_logging
+from broker.settings import redact_url
 from dlq_tools.cli import app as dlq_app
 from reach_cli import ops, tasks
 from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
@@ -52,9 +53,10 @@ def up(
     try:
         stack.start()
         stack.wait_ready()
-        console.print(f"[green]Agent-Reach is up[/green] on {stack.url} (prefix {settings.prefix!r}) "
+        shown = redact_url(stack.url)  # (the user's own REDIS_URL may hold a password)
+        console.print(f"[green]Agent-Reach is up[/green] on {shown} (prefix {settings.prefix!r}) "
                       f"with {workers} summarize worker(s). Try, in another shell:\n"
-                      f"  REDIS_URL={stack.url} reach submit summarize "
+                      f"  REDIS_URL={shown} reach submit summarize "
                       "'{\"text\": \"One sentence. Another one.\"}' --wait\n"
                       "Ctrl-C stops everything.")
         while not stopping:

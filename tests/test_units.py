@@ -20,6 +20,7 @@ from broker.inbox import parse_delivery
 from broker.models import Outcome, TaskEvent
 from broker.registry import AgentRecord, AgentState, agent_state
 from broker.results import done_outcome, events_of_record, feed_events, message_is_terminal
+from broker.settings import redact_url
 from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, refill_allowance, room
 
 
@@ -87,6 +88,13 @@ def test_settings_defaults_are_the_designs() -> None:
 def test_redacted_url_hides_the_password() -> None:
     s = Settings.load(redis_url="rediss://app:hunter2@redis.example:6380/1")
     assert s.redacted_url() == "rediss://app:***@redis.example:6380/1"
+    # A password holding '@', one in the query (redis-py honours ?password=), Sentinel hosts.
+    assert redact_url("rediss://u:p@ss@h:6380/1") == "rediss://u:***@h:6380/1"
+    assert redact_url("redis://h:1/0?socket_timeout=5&password=s3cret") == \
+        "redis://h:1/0?socket_timeout=5&password=***"
+    assert redact_url("unix:///tmp/r.sock?db=1&Password=x") == "unix:///tmp/r.sock?db=1&Password=***"
+    assert redact_url("redis+sentinel://:pw@a:26379,b:26379/main") == \
+        "redis+sentinel://:***@a:26379,b:26379/main"
 
 
 @pytest.mark.parametrize("exc, outcome", [
