@@ -263,6 +263,12 @@ def test_failures_of_every_kind_are_listed_filtered_shown_and_counted(
     record = r.hgetall(beta.task(local))
     assert int(record["deadline_at"]) - int(record["queued_at"]) == budget
     wait_until(lambda: r.xlen(beta.dlq) == 1, message="expired again")
+    # ... and the same budget at the next replay (not the time since its creation added).
+    with DeadLetters(settings) as d:
+        assert d.replay(d.select([late.task_id])).counts() == {"replayed": 1}
+    record = r.hgetall(beta.task(local))
+    assert int(record["deadline_at"]) - int(record["queued_at"]) == budget
+    wait_until(lambda: r.xlen(beta.dlq) == 1, message="expired once more")
 
 
 # -- replay ----------------------------------------------------------------------------------

@@ -101,12 +101,15 @@ for i = 0, n - 1 do
       end
       redis.call('PERSIST', task_key)
       redis.call('DEL', done_key(task_key))
-      local t = load_task(task_key, {'priority', 'deadline_at', 'created_at', 'session_id', 'region',
-        'routing', 'last_agent_id'})
+      local t = load_task(task_key, {'priority', 'deadline_at', 'created_at', 'replayed_at',
+        'session_id', 'region', 'routing', 'last_agent_id'})
       local priority = tonumber(ARGV[6]) or tonumber(t.priority) or 5
       local deadline_at = tonumber(t.deadline_at) or 0
       if deadline_at > 0 then
-        local budget = deadline_at - (tonumber(t.created_at) or deadline_at)
+        -- (the budget counts from the last replay, if any: from creation it would grow by the
+        -- time between creation and that replay at every replay)
+        local since = math.max(tonumber(t.created_at) or deadline_at, tonumber(t.replayed_at) or 0)
+        local budget = deadline_at - since
         if budget > 0 then deadline_at = now + budget else deadline_at = 0 end
       end
       local replays = redis.call('HINCRBY', task_key, 'replays', 1)
