@@ -387,15 +387,15 @@ class CapabilityLoop:
             running = pending.get("pending", 0) if isinstance(pending, dict) else 0
             self.note_load(agent_id, int(length) if isinstance(length, int) else 0, int(running))
 
-    async def _ready_tasks(self, want: int) -> list[routing.ReadyTask]:
-        """The first `want` ready tasks. A plain task is known from its queue score alone (its
-        priority is in the score's fraction); the record is read only for tasks with routing
-        constraints (session, region, version, an agent to avoid)."""
+    async def _ready_tasks(self, want: int, offset: int = 0) -> list[routing.ReadyTask]:
+        """`want` ready tasks from position `offset` of the queue. A plain task is known from
+        its queue score alone (its priority is in the score's fraction); the record is read
+        only for tasks with routing constraints (session, region, version, an agent to avoid)."""
         r = self.d.redis
-        if self._head is not None and (self._head_whole or len(self._head) >= want):
+        if offset == 0 and self._head is not None and (self._head_whole or len(self._head) >= want):
             head = self._head[:want]  # what the last dispatch call saw at the queue's front
         else:
-            head = await r.zrange(self.keys.queue, 0, want - 1, withscores=True)
+            head = await r.zrange(self.keys.queue, offset, offset + want - 1, withscores=True)
         self._head = None
         if not head:
             return []
@@ -442,21 +442,36 @@ class CapabilityLoop:
         # The queue is empty once these are routed: the room left is granted, so that the next
         # tasks go to an agent without waiting for a round (see submit.lua).
         drained = want > 0 and len(tasks) < want
+        # The choices, made as the tasks are read: tasks no agent can take now (a strict region
+        # or a version no live agent has) stay queued, and must not hold back the tasks behind
+        # them while there is room; so the round reads on past them, up to MAX_ROUND_TASKS
+        # entries of the queue (a longer such front is left for the tasks' deadlines or the
+        # no-agent timeout).
+        choices: list[tuple[routing.ReadyTask, routing.Choice]] = []
+        seen = 0
+        while True:
+            seen += len(tasks)
+            for task in tasks:
+                choice = round_.choose(task)
+                if choice is not None:
+                    choices.append((task, choice))
+            if drained or len(choices) >= want or round_.capacity <= 0 or seen >= MAX_ROUND_TASKS:
+                break
+            more = min(want, MAX_ROUND_TASKS - seen)
+            tasks = await self._ready_tasks(more, offset=seen)
+            drained = len(tasks) < more
         if drained:
             self._maybe_queued = False
         # Agents pull only while tasks wait (an empty queue has grants instead): a completion
         # then looks at nothing more than the (missing) pull.
         await self._pull(round_ if self._maybe_queued else None)
         grant_round = round_ if drained or want <= 0 else None
-        if not tasks:
+        if not choices:
             await self._grant(grant_round)
             return 0
         snapshot_id = await self._snapshot(round_)
         plan: dict[str, list[tuple[str, str]]] = {}
-        for task in tasks:
-            choice = round_.choose(task)
-            if choice is None:
-                continue
+        for task, choice in choices:
             plan.setdefault(choice.agent_id, []).append(
                 (task.local_id, routing.explanation(snapshot_id, choice)))
         by_id = {c.agent_id: c for c in candidates}

@@ -54,6 +54,22 @@ def test_region_strict_and_preferred(make_settings: Any, fleet: Fleet) -> None:
         assert strict.status().state == "queued"
 
 
+def test_tasks_no_agent_can_take_do_not_hold_back_the_tasks_behind_them(make_settings: Any,
+                                                                          fleet: Fleet) -> None:
+    # Twenty tasks for a region no agent serves fill the queue's front (and age there, ahead
+    # of anything new); the plain tasks behind them still go to the one agent there is.
+    settings = make_settings()
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        spawn(fleet, "front", settings, "us-1", "--region", "us", concurrency=2)
+        stuck = client.submit_many("front", [{"n": i} for i in range(20)], region="eu")
+        plain = [client.submit("front", {"n": 100 + i}) for i in range(5)]
+        for h in plain:
+            h.result(timeout=30)
+        assert {agent_of(client, h) for h in plain} == {"us-1"}
+        assert {client.status(h.task_id).state for h in stuck} == {"queued"}
+
+
 def test_version_constraint(make_settings: Any, fleet: Fleet) -> None:
     settings = make_settings()
     with ReachClient(settings) as client:
