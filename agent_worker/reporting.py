@@ -9,6 +9,8 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+import redis
+
 from agent_worker.context import TaskContext
 from agent_worker.handlers import Binding
 from agent_worker.stats import WorkerStats
@@ -79,7 +81,15 @@ class Reporting:
 
     # -- completing -------------------------------------------------------------------------
 
+    def _keep_for_next_report(self, completions: dict[str, list[protocol.Completion]],
+                              unrecorded: dict[str, list[Running]]) -> None:
+        for capability, done in completions.items():
+            self._completions[capability] = done + self._completions.get(capability, [])
+        for capability, starts in unrecorded.items():
+            self._unrecorded[capability] = starts + self._unrecorded.get(capability, [])
+
     async def _flusher(self) -> None:
+        pause = 0.1
         while True:
             await self._flush_event.wait()
             if self.running:
@@ -107,9 +117,19 @@ class Reporting:
                               if self.running.get(item.ctx.task_id) is item]
                     done = completions.get(capability, [])
                     for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
+                        pending_read, read = read, 0  # (_report releases it if it fails)
                         await self._report(capability, starts[i:i + COMPLETE_BATCH],
-                                           done[i:i + COMPLETE_BATCH], read)
-                        read = 0
+                                           done[i:i + COMPLETE_BATCH], pending_read)
+                pause = 0.1
+            except redis.exceptions.RedisError as exc:
+                # Redis refused the report (out of memory, read-only, busy, a script error)
+                # beyond what with_reconnect rides out: keep the whole batch and send it again
+                # after a pause. Losing it would leave the results unstored and the tasks to
+                # run again when their leases lapse; a resent report is recognised ('dup').
+                log.warning("report not stored (%s); trying again in %.1fs", exc, pause)
+                self._keep_for_next_report(completions, unrecorded)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
             finally:
                 self._reporting = False
             self._release(read)
@@ -147,6 +167,11 @@ class Reporting:
 
         try:
             replies = await connection.with_reconnect(op)
+            refused = next((x for x in replies[:len(calls)] if isinstance(x, Exception)), None)
+            if refused is not None:
+                if extra:
+                    self._recover.add(capability)  # (its read may have delivered entries)
+                raise refused
         except BaseException:
             self._release(read)
             raise

@@ -417,6 +417,45 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path: Any) -> None:
         server.stop()
 
 
+def test_a_report_redis_refuses_for_a_while_is_stored_once_it_accepts(tmp_path: Any) -> None:
+    # (Out of memory here; read-only after a failover or busy alike: errors the reconnect loop
+    # does not ride out. The report was dropped, and the task ran again when its lease lapsed.)
+    # Its own Redis: the test sets maxmemory.
+    import secrets
+    from pathlib import Path
+
+    from broker.embedded import EmbeddedRedis
+    from tests.conftest import FAST
+
+    server = EmbeddedRedis().start()
+    prefix = f"oom{secrets.token_hex(3)}"
+    settings = Settings.load(redis_url=server.url, prefix=prefix, **FAST)
+    fleet = Fleet(settings, Path(str(tmp_path)))
+    r = redis.Redis.from_url(server.url, decode_responses=True)
+    try:
+        fleet.dispatcher()
+        worker = fleet.worker("oom", handler="tests.handlers:sleepy", concurrency=2)
+        with ReachClient(settings) as client:
+            handle = client.submit("oom", {"n": "a", "s": 1.0})
+            wait_state(client, handle.task_id, "running")
+            r.config_set("maxmemory", 1)
+            try:
+                # (either the report kept for the next try, or the flusher that gave up)
+                wait_until(lambda: any(text in worker.output() for text in
+                                       ("report not stored", "_flusher failed")),
+                           timeout=20, message="the worker's report to meet the refusal")
+            finally:
+                r.config_set("maxmemory", 0)
+            assert handle.result(timeout=30) == {"slept": 1.0, "attempt": 1}
+            assert runs(r, prefix) == {"a": 1}
+            assert "reclaimed" not in types_of(client, handle.task_id)
+        assert worker.popen.poll() is None
+    finally:
+        r.close()
+        fleet.stop_all()
+        server.stop()
+
+
 # -- chaos -----------------------------------------------------------------------------------
 
 
