@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -52,7 +54,20 @@ def serve(
     bindings = resolve_bindings(settings, capability, handler=handler, http=http)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
-    raise typer.Exit(asyncio.run(worker.run()))
+    loop = asyncio.new_event_loop()
+    code = loop.run_until_complete(worker.run())
+    stuck = worker.still_running()
+    if stuck:
+        # (asyncio.run would wait for a task given up, and Python joins handler threads at
+        # exit: a handler that never returns would keep this process from ever ending. Its
+        # task was reported and runs elsewhere.)
+        logging.getLogger("reach.worker").warning(
+            "%d handler(s) given up are still running; exiting without them", stuck)
+        logging.shutdown()
+        os._exit(code)
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
+    raise typer.Exit(code)
 
 
 def main() -> None:

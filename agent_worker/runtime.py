@@ -26,6 +26,7 @@ import re
 import secrets
 import signal
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,13 @@ def check_agent_id(agent_id: str) -> str:
     return agent_id
 
 
+STOP_WAIT_S = 5.0
+"""How long a task told to stop (past its execution timeout, or at the end of a drain's
+grace) may go on before it is given up: reported as stopped and its lease no longer renewed. A
+handler that swallows the cancellation, or a blocking call in a thread, cannot be stopped from
+outside; giving it up keeps the task from staying `running` for good."""
+
+
 @dataclass(eq=False)
 class Running:
     binding: Binding
@@ -96,6 +104,8 @@ class Running:
     task: asyncio.Task[Any] | None = None
     deadline: float = 0.0
     """When its execution timeout ends (event loop clock)."""
+    abandoned: bool = False
+    """Told to stop and still running STOP_WAIT_S later: reported, its lease left to lapse."""
 
 
 class Worker(Reporting):
@@ -149,6 +159,7 @@ class Worker(Reporting):
         """Capabilities whose inbox may hold entries delivered to this agent id that no one
         runs (at start, and after a lost connection): the reader looks there first."""
         self._signals = 0
+        self._given_up: list[Running] = []
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -285,8 +296,11 @@ class Worker(Reporting):
             # run again elsewhere. (Not ctx._cancel(): that means the producer canceled.)
             if item.task is not None:
                 item.task.cancel()
-        while self.running:
+        deadline = time.monotonic() + STOP_WAIT_S
+        while self.running and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
+        for item in list(self.running.values()):
+            self._abandon(item, "worker stopped before the task finished (it did not stop when told)")
         self._flush_event.set()
         while self._completions or self._unrecorded or self._reporting:
             await asyncio.sleep(0.01)  # (every result is reported before the agent leaves)
@@ -491,11 +505,14 @@ class Worker(Reporting):
             log.exception("attempt of %s ended in an error of the worker's own", ctx.task_id)
             end = AttemptEnd(Outcome.FAILURE, f"worker error: {describe(exc)}", 0)
         finally:
-            self.running.pop(ctx.task_id, None)
+            if self.running.get(ctx.task_id) is item:
+                del self.running[ctx.task_id]
             if self._piggyback:
                 self._freed += 1  # (the flusher reads the next task with this one's report)
             else:
                 self._release(1)
+        if item.abandoned:
+            return  # (reported when it was given up; this late end changes nothing)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
@@ -524,16 +541,51 @@ class Worker(Reporting):
         self._timer = None
         now = self._loop.time()
         earliest: float | None = None
-        for item in self.running.values():
+        for item in list(self.running.values()):
+            look = item.deadline
             if item.deadline <= now:
                 if not item.ctx._timed_out:
                     item.ctx._timed_out = True
                     if item.task is not None:
                         item.task.cancel()
-            elif earliest is None or item.deadline < earliest:
-                earliest = item.deadline
+                    look = now + STOP_WAIT_S
+                elif now >= item.deadline + STOP_WAIT_S:
+                    self._abandon(item, f"execution timeout: ran longer than {item.ctx.timeout_s:g}s "
+                                        f"and did not stop within {STOP_WAIT_S:g}s of being told")
+                    continue
+                else:
+                    look = item.deadline + STOP_WAIT_S
+            if earliest is None or look < earliest:
+                earliest = look
         if earliest is not None:
             self._arm_timer(earliest)
+
+    def still_running(self) -> int:
+        """After run(): handlers that have not returned, of tasks given up (coroutines that
+        ignore cancellation, threads blocked in a call)."""
+        coroutines = sum(1 for item in self._given_up
+                         if item.binding.is_async and item.task is not None and not item.task.done())
+        threads = [t for t in threading.enumerate() if t.name.startswith("reach-handler")]
+        for thread in threads:  # (idle ones end at once: the pool was shut down)
+            thread.join(timeout=0.2)
+        return coroutines + sum(1 for t in threads if t.is_alive())
+
+    def _abandon(self, item: Running, why: str) -> None:
+        """Give up a task that does not stop: report it as a retryable failure and stop
+        renewing its lease (it is no longer `running` here), so that it runs again elsewhere;
+        its slot stays taken until it really ends."""
+        if self.running.get(item.ctx.task_id) is not item:
+            return
+        log.warning("task %s: %s; giving it up", item.ctx.task_id, why)
+        item.abandoned = True
+        self._given_up.append(item)
+        del self.running[item.ctx.task_id]
+        self.stats.record(round((item.ctx.timeout_s + STOP_WAIT_S) * 1000), False)
+        self._completions.setdefault(item.binding.capability, []).append(protocol.Completion(
+            item.lease.entry_id, item.lease.local_id, item.lease.fence,
+            Outcome.RETRYABLE_FAILURE.value, why, backoff_ms(item.ctx.attempt, self.settings), 0,
+        ))
+        self._flush_event.set()
 
     def _cancel_running(self, item: Running) -> None:
         item.ctx._cancel()

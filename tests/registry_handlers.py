@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from typing import Any
@@ -36,4 +37,16 @@ async def slow_first_attempt(ctx: TaskContext, payload: Any) -> Any:
     count_run(str(payload["n"]))
     if ctx.attempt == 1:
         await asyncio.sleep(float(payload.get("s", 30)))
+    return {"attempt": ctx.attempt}
+
+
+async def deaf_first_attempt(ctx: TaskContext, payload: Any) -> Any:
+    """slow_first_attempt, whose first attempt also swallows every cancellation (for at most
+    payload["s"] seconds, so that no test leaves it running for good)."""
+    count_run(str(payload["n"]))
+    if ctx.attempt == 1:
+        end = time.monotonic() + float(payload.get("s", 30))
+        while time.monotonic() < end:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(0.05)
     return {"attempt": ctx.attempt}

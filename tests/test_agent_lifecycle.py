@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable
 
+import pytest
 import redis
 
 from broker import ReachClient, protocol
@@ -315,6 +316,33 @@ def test_tasks_still_running_when_the_drain_grace_ends_are_handed_on_not_failed(
         assert handle.status().agent_id == b.agent_id
     assert runs(r, prefix) == {"long": 2}
     assert r.xlen(CapabilityKeys(prefix, "grace").dlq) == 0
+
+
+@pytest.mark.parametrize("how", ["execution timeout", "drain"])
+def test_a_task_whose_handler_ignores_its_stop_is_given_up_and_runs_again_elsewhere(
+    make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str, how: str
+) -> None:
+    # The handler swallows the cancellation (for up to 30 s). Before, its task stayed running,
+    # its lease renewed, and a draining worker waited on it for good.
+    settings = make_settings(drain_grace_ms=500)
+    fleet.dispatcher(settings=settings)
+    a = fleet.worker("deaf", handler="tests.registry_handlers:deaf_first_attempt", concurrency=1,
+                     settings=settings)
+    with ReachClient(settings) as client:
+        options = {"timeout_s": 0.5} if how == "execution timeout" else {}
+        handle = client.submit("deaf", {"s": 30, "n": "deaf"}, **options)
+        wait_until(lambda: handle.status().state == "running", message="the task running")
+        b = fleet.worker("deaf", handler="tests.registry_handlers:deaf_first_attempt",
+                         concurrency=1, settings=settings)
+        started = time.monotonic()
+        if how == "drain":
+            a.signal(signal.SIGTERM)
+            assert a.wait(20) == 0, a.output()[-3000:]
+        assert handle.result(timeout=30) == {"attempt": 2}
+        assert time.monotonic() - started < 15, "given up far later than STOP_WAIT_S"
+        assert handle.status().agent_id == b.agent_id
+        assert "giving it up" in a.output()
+    assert runs(r, prefix) == {"deaf": 2}
 
 
 def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
