@@ -84,6 +84,11 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "redis_url" not in metafunc.fixturenames:
         return
     targets = _targets()
+    if metafunc.definition.get_closest_marker("one_redis"):
+        # (What such a test checks is the worker's or the dispatcher's own behaviour, the same
+        # on every Redis: it runs on the first target only, to keep the suite short.)
+        metafunc.parametrize("redis_url", targets[:1], indirect=True, scope="session")
+        return
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
     if ("env" not in targets and module in CLUSTER_SUITES
             and os.environ.get("REACH_TEST_CLUSTER", "auto") != "off"):

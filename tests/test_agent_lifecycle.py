@@ -318,6 +318,7 @@ def test_tasks_still_running_when_the_drain_grace_ends_are_handed_on_not_failed(
     assert r.xlen(CapabilityKeys(prefix, "grace").dlq) == 0
 
 
+@pytest.mark.one_redis
 @pytest.mark.parametrize("how", ["execution timeout", "drain"])
 def test_a_task_whose_handler_ignores_its_stop_is_given_up_and_runs_again_elsewhere(
     make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str, how: str

@@ -184,6 +184,7 @@ def test_malformed_intake_entries_are_dead_lettered_not_crashing(
     assert done == {"7": "1"}
 
 
+@pytest.mark.one_redis
 def test_forged_agent_records_and_wake_ups_do_not_stop_the_dispatcher(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:

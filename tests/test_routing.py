@@ -54,6 +54,7 @@ def test_region_strict_and_preferred(make_settings: Any, fleet: Fleet) -> None:
         assert strict.status().state == "queued"
 
 
+@pytest.mark.one_redis
 def test_tasks_no_agent_can_take_do_not_hold_back_the_tasks_behind_them(make_settings: Any,
                                                                           fleet: Fleet) -> None:
     # Twenty tasks for a region no agent serves fill the queue's front (and age there, ahead
