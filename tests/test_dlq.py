@@ -378,6 +378,10 @@ def test_replay_killed_midway_loses_and_duplicates_nothing(
         report = d.replay(d.select(everything=True), ReplayOptions(rate=10_000, batch=50))
     assert report.counts() == {"replayed": len(in_dlq)}
     assert r.xlen(ck.dlq) == 0 and set(r.zrange(ck.queue, 0, -1)) == locals_
+    # Their producer still holds the handles and blocks on the done lists without asking again:
+    # the replay keeps the flag that has the outcome pushed there (without it, each result()
+    # below waited out a whole 5 s block).
+    assert {r.hget(ck.task(local), "d") for local in locals_} == {"1"}
     fleet.dispatcher()
     fleet.worker("kill", handler="tests.handlers:record", concurrency=16)
     for h in handles:

@@ -115,8 +115,10 @@ for i = 0, n - 1 do
       local replays = redis.call('HINCRBY', task_key, 'replays', 1)
       local previous_attempts = t.attempt
       redis.call('HDEL', task_key, 'agent_id', 'dispatched_at', 'started_at', 'finished_at',
-        'accepted_by', 'result', 'exec_ms', 'reason', 'error', 'entry', 'w', 'd')
-      t.w, t.d = false, false
+        'accepted_by', 'result', 'exec_ms', 'reason', 'error', 'entry', 'w')
+      -- (`d` stays: a producer that submitted the task a moment ago may block on its done list
+      -- without asking again, and must be woken by this run's outcome; the old one is gone.)
+      t.w = false
       set(t, 'state', 'queued')
       set(t, 'queued_at', jint(now))
       set(t, 'replayed_at', jint(now))
