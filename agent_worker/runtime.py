@@ -578,6 +578,8 @@ class Worker(Reporting):
             return
         log.warning("task %s: %s; giving it up", item.ctx.task_id, why)
         item.abandoned = True
+        # (only those still going matter to still_running(): the rest need not be kept)
+        self._given_up = [i for i in self._given_up if i.task is not None and not i.task.done()]
         self._given_up.append(item)
         del self.running[item.ctx.task_id]
         self.stats.record(round((item.ctx.timeout_s + STOP_WAIT_S) * 1000), False)

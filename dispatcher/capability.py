@@ -281,9 +281,10 @@ class CapabilityLoop:
                 requests.append(parse_intake_entry(self.d.settings, self.capability, entry_id, fields))
             except Exception as exc:  # (BadInput, or anything else a stranger's entry provokes:
                 # one bad entry must not hold back the good ones read with it)
-                if not isinstance(exc, BadInput):
+                if isinstance(exc, BadInput):
+                    log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
+                else:
                     log.exception("%s: intake entry %s could not be read", self.capability, entry_id)
-                log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
                 await self.d.scripts(protocol.dead_letter_raw_call(
                     self.d.settings, self.capability, stream, DISPATCH_GROUP, entry_id,
                     "malformed", str(exc), fields))
