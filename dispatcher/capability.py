@@ -95,7 +95,7 @@ class CapabilityLoop:
         self._grants_left = 0
         """Grants this dispatcher wrote last, and how many of them submits have not used."""
         self._granted: list[str] = []
-        """The agents of the grants standing (sorted), as this dispatcher last wrote them."""
+        """The grants standing (`agent|low`, sorted), as this dispatcher last wrote them."""
         self._granted_until = 0.0
         self._pulls: list[tuple[str, int, bool]] = []
         """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
@@ -505,7 +505,9 @@ class CapabilityLoop:
                 unread = routing.max_unread(by_id[choice.agent_id], settings)
                 grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
                               f"{'1' if low_only else ''}")
-        shape = sorted(g.split("|", 1)[0] for g in grants)
+        # Agent and cold flag: an agent back from a failure in the grants as before must have
+        # its grants rewritten at once (low-priority only), not when the old ones are refreshed.
+        shape = sorted(f"{g.split('|', 1)[0]}|{g.rsplit('|', 1)[1]}" for g in grants)
         now = time.monotonic()
         if shape == self._granted and now < self._granted_until:
             return

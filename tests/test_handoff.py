@@ -14,15 +14,20 @@ worker and dispatcher processes otherwise.
 from __future__ import annotations
 
 import hashlib
+import random
 
+import pytest
 import redis
 
-from broker import ReachClient, TaskHandle, protocol
+from broker import ReachClient, TaskHandle, connection, protocol
 from broker.ids import split_task_id
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.results import read_events
-from broker.scripts import Scripts
+from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
+from dispatcher.capability import CapabilityLoop
+from dispatcher.routing import Candidate, InboxLoad, RoutingRound
+from dispatcher.service import Dispatcher
 from tests.conftest import Fleet, wait_until
 from tests.handlers import runs
 
@@ -222,3 +227,32 @@ def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_sub
     direct = one_at_a_time_by_grant(client, r, prefix, "deep", range(2001, 2021))
     assert direct >= 15, "after the drain, an idle agent's tasks should skip the dispatcher again"
     assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 2021
+
+
+@pytest.mark.one_redis
+async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
+    settings: Settings, r: redis.Redis
+) -> None:
+    # The race the dispatcher can lose: an agent is suspect and healthy again between two of
+    # its rounds, so the agents granted are the ones granted a moment ago. The grants must
+    # still be rewritten at once, as grants for low-priority tasks only (it is cold now).
+    d = Dispatcher(settings)
+    d.redis = connection.async_client(settings)
+    d.scripts = AsyncScripts(d.redis)
+    loop = CapabilityLoop(d, "back")
+    now = int(r.time()[0]) * 1000
+
+    def round_with(recovered_at_ms: int) -> RoutingRound:
+        agent = Candidate("back-1", 4, InboxLoad(0, 0), recovered_at_ms=recovered_at_ms)
+        return RoutingRound([agent], settings, now, random.Random(1))
+
+    try:
+        keys = CapabilityKeys(settings.prefix, "back")
+        await loop._grant(round_with(0))
+        warm = r.lrange(keys.grants, 0, -1)
+        assert warm and all(g.endswith("|") for g in warm), warm
+        await loop._grant(round_with(now))
+        cold = r.lrange(keys.grants, 0, -1)
+        assert cold and all(g.startswith("back-1|") and g.endswith("|1") for g in cold), cold
+    finally:
+        await d.redis.aclose()

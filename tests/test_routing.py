@@ -226,25 +226,41 @@ def _p50_known(r: redis.Redis, prefix: str, agent: str) -> bool:
 def test_circuit_opens_after_ten_failures_and_closes_after_a_good_probe(
     make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
-    settings = make_settings(circuit_open_ms=2000)
+    open_ms = 3000
+    settings = make_settings(circuit_open_ms=open_ms)
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
         spawn(fleet, "cb", settings, "flaky", concurrency=2)
         spawn(fleet, "cb", settings, "solid", concurrency=2)
         set_mode(r, prefix, "flaky", "fail")
-        health = CapabilityKeys(prefix, "cb").health
-        sent = 0
-        while int(r.hget(health, "cf:flaky") or 0) < 10:
-            client.submit("cb", {"n": sent}).status()
-            sent += 1
-            assert sent < 500, "the failing agent never reached 10 consecutive failures"
+        ck = CapabilityKeys(prefix, "cb")
+        trickle = []
+        while int(r.hget(ck.health, "cf:flaky") or 0) < 10:
+            trickle.append(client.submit("cb", {"n": len(trickle)}))
+            assert len(trickle) < 500, "the failing agent never reached 10 consecutive failures"
             time.sleep(0.005)  # trickle, so both agents keep room
-        wait_until(lambda: client.status(client.submit("cb", {}).task_id) is not None, timeout=5)
-        while_open = [client.run("cb", {"n": i}, timeout=30)["agent"] for i in range(20)]
+        for h in trickle:  # (a failure at flaky is final: no retry_failures)
+            wait_until(lambda h=h: client.status(h.task_id).state in ("succeeded", "failed"),
+                       timeout=30, message="the trickle ends")
+        # The dispatcher has heard: the grants it left for submits no longer name flaky.
+        wait_until(lambda: not any(g.startswith("flaky|") for g in r.lrange(ck.grants, 0, -1)),
+                   timeout=10, message="flaky's grants withdrawn")
+        opened_until = int(r.hget(ck.health, "lf:flaky") or 0) + open_ms
+        placed = []
+        for i in range(20):
+            h = client.submit("cb", {"n": i})
+            wait_until(lambda h=h: client.status(h.task_id).state in ("succeeded", "failed"),
+                       timeout=30, message="a task while the circuit is open")
+            status = client.status(h.task_id)
+            assert status.dispatched_at is not None
+            placed.append((status.agent_id, status.dispatched_at.timestamp() * 1000))
+        while_open = [agent for agent, at in placed if at < opened_until]
+        # Under load the circuit's time may run out during the 20: later ones may be the probe.
+        assert len(while_open) >= 5, placed
         assert set(while_open) == {"solid"}, "an open circuit gets nothing"
         set_mode(r, prefix, "flaky", "")
         # After circuit_open_ms one probe goes through; it succeeds and the circuit closes.
-        wait_until(lambda: int(r.hget(health, "cf:flaky") or 0) == 0 or
+        wait_until(lambda: int(r.hget(ck.health, "cf:flaky") or 0) == 0 or
                    client.run("cb", {}, timeout=30) is None, timeout=30, message="a good probe")
         later = Counter(client.run("cb", {"n": i}, timeout=30)["agent"] for i in range(60))
         assert later["flaky"] > 5, later
