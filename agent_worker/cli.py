@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 from pathlib import Path
@@ -12,6 +11,7 @@ import typer
 
 from agent_worker.handlers import resolve_bindings
 from agent_worker.runtime import Worker
+from broker import eventloop
 from broker.cliutil import EXIT_USAGE, cli_errors, fail, run_app, setup_logging
 from broker.settings import Settings
 
@@ -54,7 +54,7 @@ def serve(
     bindings = resolve_bindings(settings, capability, handler=handler, http=http)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
-    loop = asyncio.new_event_loop()
+    loop = eventloop.loop_factory()()
     code = loop.run_until_complete(worker.run())
     stuck = worker.still_running()
     if stuck:

@@ -42,7 +42,7 @@ from agent_worker.handlers import Binding
 from agent_worker.registration import HeartbeatThread, register, token_sha
 from agent_worker.reporting import Reporting
 from agent_worker.stats import WorkerStats, rss_kb, stability
-from broker import codec, connection, inbox, protocol
+from broker import codec, connection, eventloop, inbox, protocol
 from broker.errors import ConfigError
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 from broker.models import AgentDescriptor, Outcome, ms_to_datetime
@@ -180,8 +180,9 @@ class Worker(Reporting):
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._on_signal)
-        log.info("agent %s starting: %s", self.agent_id,
-                 ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()))
+        log.info("agent %s starting: %s (%s loop)", self.agent_id,
+                 ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()),
+                 eventloop.loop_name(self._loop))
         self._rss_start_kb = rss_kb()
         await asyncio.to_thread(connection.check_eviction, self.settings)
         self._heartbeat = HeartbeatThread(

@@ -27,7 +27,7 @@ import signal
 import socket
 from typing import Any
 
-from broker import connection
+from broker import connection, eventloop
 from broker.ids import CAPABILITY_RE
 from broker.keys import Channels, RegistryKeys
 from broker.scripts import AsyncScripts
@@ -67,8 +67,9 @@ class Dispatcher:
         self.scripts = AsyncScripts(self.redis)
         self.view = RegistryView(self.settings, self.redis)
         self.health = HealthWatcher(self)
-        log.info("dispatcher %s (tag %s) starting on %s (prefix %r)", self.dispatcher_id, self.tag,
-                 self.settings.redacted_url(), self.settings.prefix)
+        log.info("dispatcher %s (tag %s) starting on %s (prefix %r, %s loop)", self.dispatcher_id,
+                 self.tag, self.settings.redacted_url(), self.settings.prefix,
+                 eventloop.loop_name(asyncio.get_running_loop()))
         await asyncio.to_thread(connection.check_eviction, self.settings)
         await connection.with_reconnect(self._refresh)
         helpers = [

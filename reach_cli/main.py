@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from broker import eventloop
 from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, run_app, setup_logging
 from broker.settings import redact_url
 from dlq_tools.cli import app as dlq_app
@@ -95,7 +96,9 @@ def dispatcher(
 
     setup_logging(log_level)
     settings = load_settings(config, redis_url)
-    raise typer.Exit(asyncio.run(Dispatcher(settings, capability).run()))
+    with asyncio.Runner(loop_factory=eventloop.loop_factory()) as runner:
+        code = runner.run(Dispatcher(settings, capability).run())
+    raise typer.Exit(code)
 
 
 def main() -> None:

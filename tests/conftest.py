@@ -279,11 +279,12 @@ class Fleet:
             self.wait_healthy(agent_id, settings or self.settings, proc)
         return proc
 
-    def dispatcher(self, *capabilities: str, settings: Settings | None = None) -> Proc:
+    def dispatcher(self, *capabilities: str, settings: Settings | None = None,
+                   env: dict[str, str] | None = None) -> Proc:
         argv = [sys.executable, "-m", "reach_cli", "dispatcher", "--log-level", "INFO"]
         for capability in capabilities:
             argv += ["--capability", capability]
-        return self._spawn("dispatcher", argv, settings)
+        return self._spawn("dispatcher", argv, settings, env)
 
     def wait_healthy(self, agent_id: str, settings: Settings, proc: Proc | None = None,
                      timeout: float = 20.0) -> None:

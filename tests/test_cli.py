@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -38,6 +39,26 @@ def test_usage_errors_exit_2_with_one_line(settings: Settings) -> None:
         assert len(lines) == 1 and message in lines[0], (args, done.stderr)
     assert reach(settings, "submit").returncode == 2
     assert reach(settings, "--no-such-flag").returncode == 2
+
+
+@pytest.mark.one_redis
+def test_worker_and_dispatcher_run_on_the_event_loop_chosen(settings: Settings, fleet: Fleet) -> None:
+    # uvloop where it is installed (the default), asyncio's own loop when REACH_EVENT_LOOP says
+    # so: tasks go through either way, and the start line says which loop it is.
+    default = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
+    dispatcher = fleet.dispatcher(env={"REACH_EVENT_LOOP": "asyncio"})
+    worker = fleet.worker("echo")
+    with ReachClient(settings) as client:
+        assert client.run("echo", {"n": 1}, timeout=30) == {"n": 1}
+    assert "asyncio loop)" in dispatcher.output(), dispatcher.output()
+    assert f"{default} loop)" in worker.output(), worker.output()
+    env = {**settings_env(settings), "REACH_EVENT_LOOP": "libevent"}
+    for argv in (["reach_cli", "dispatcher"], ["agent_worker", "--capability", "echo"]):
+        done = subprocess.run([sys.executable, "-m", *argv], env=env, cwd=ROOT,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2, (argv, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and "REACH_EVENT_LOOP must be one of" in lines[0], done.stderr
 
 
 def test_runtime_errors_exit_1(settings: Settings) -> None:
