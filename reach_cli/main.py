@@ -92,8 +92,11 @@ def dispatcher(
     config: ConfigOption = None,
 ) -> None:
     """Run a dispatcher (several may run at once)."""
+    from broker.ids import check_capability
     from dispatcher import Dispatcher
 
+    for name in capability or ():
+        check_capability(name)  # (a name no task can have would be served silently, never used)
     setup_logging(log_level)
     settings = load_settings(config, redis_url)
     with asyncio.Runner(loop_factory=eventloop.loop_factory()) as runner:

@@ -31,6 +31,7 @@ def test_usage_errors_exit_2_with_one_line(settings: Settings) -> None:
         (["submit", "echo", "[NaN]"], "not valid JSON"),
         (["status", "not-an-id"], "invalid task id"),
         (["cancel", "x:y"], "invalid task id"),
+        (["dispatcher", "--capability", "Summarize"], "invalid capability name"),
     ]
     for args, message in cases:
         done = reach(settings, *args)
