@@ -46,7 +46,8 @@ def parse_ref(text: str) -> Ref:
             raise BadInput(
                 f"invalid dead-letter id {text!r}: {capability!r} is not a capability name"
             ) from None
-        if not _ENTRY_ID_RE.match(entry_id):
+        # (Each part of a stream entry id is an unsigned 64-bit number: Redis refuses more.)
+        if not _ENTRY_ID_RE.match(entry_id) or any(int(p) >= 2**64 for p in entry_id.split("-")):
             raise BadInput(
                 f"invalid dead-letter id {text!r}: expected '<capability>/<ms>-<seq>' "
                 "(a stream entry id, as `reach dlq list` shows it)"
