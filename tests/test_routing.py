@@ -193,10 +193,14 @@ def test_backpressure_reroutes_when_an_inbox_reaches_five_times_concurrency(
         echo = "agent_worker.builtin.echo:handle"  # fast: the dispatcher prefetches deeply
         frozen = spawn(fleet, "bp", settings, "frozen", concurrency=4, handler=echo)
         spawn(fleet, "bp", settings, "other", concurrency=4, handler=echo)
-        for h in client.submit_many("bp", [{"n": i} for i in range(200)]):
-            h.result(timeout=30)  # both report a fast p50
-        wait_until(lambda: all(_p50_known(r, prefix, a) for a in ("frozen", "other")),
-                   message="latency reported")
+        def both_report_a_fast_p50() -> bool:
+            # (Batches until both have run some: an agent the dispatcher has not placed yet
+            # can see a batch drained by the other one, pulling as it finishes.)
+            for h in client.submit_many("bp", [{"n": i} for i in range(50)]):
+                h.result(timeout=30)
+            return all(_p50_known(r, prefix, a) for a in ("frozen", "other"))
+
+        wait_until(both_report_a_fast_p50, timeout=60, message="both agents report a latency")
         frozen.signal(signal.SIGSTOP)  # alive for the registry for a while, but reads nothing
         try:
             handles = client.submit_many("bp", [{"n": i} for i in range(300)])
