@@ -51,10 +51,11 @@ def serve(
     settings = Settings.load(config, redis_url=redis_url)
     if handler and http:
         fail("give --handler or --http, not both", EXIT_USAGE)
+    new_loop = eventloop.loop_factory()  # (a bad REACH_EVENT_LOOP fails before handlers load)
     bindings = resolve_bindings(settings, capability, handler=handler, http=http)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
-    loop = eventloop.loop_factory()()
+    loop = new_loop()
     code = loop.run_until_complete(worker.run())
     stuck = worker.still_running()
     if stuck:

@@ -19,7 +19,7 @@ from broker.models import FailureReason
 _UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
 _PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
 _DURATION_RE = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+\Z")
-_ENTRY_ID_RE = re.compile(r"^\d{1,20}-\d{1,20}\Z")
+_ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")  # (\d takes any Unicode digit)
 REASONS = tuple(r.value for r in FailureReason)
 MAX_DURATION_MS = 100 * 365 * 86_400_000
 

@@ -48,7 +48,7 @@ def test_worker_and_dispatcher_run_on_the_event_loop_chosen(settings: Settings, 
     # so: tasks go through either way, and the start line says which loop it is.
     default = "uvloop" if importlib.util.find_spec("uvloop") else "asyncio"
     dispatcher = fleet.dispatcher(env={"REACH_EVENT_LOOP": "asyncio"})
-    worker = fleet.worker("echo")
+    worker = fleet.worker("echo", env={"REACH_EVENT_LOOP": "auto"})  # (whatever the caller's is)
     with ReachClient(settings) as client:
         assert client.run("echo", {"n": 1}, timeout=30) == {"n": 1}
     assert "asyncio loop)" in dispatcher.output(), dispatcher.output()

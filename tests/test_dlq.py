@@ -129,7 +129,8 @@ def test_durations_times_and_ids_parse() -> None:
     ref = parse_ref("sum/1712345678901-3")
     assert ref.capability == "sum" and ref.entry_id == "1712345678901-3" and str(ref) == "sum/1712345678901-3"
     for bad in ("nope", "sum:short", "Sum/1-0", "sum/abc", "sum/1", "a:b:c",
-                "sum/18446744073709551616-0", "sum/1-18446744073709551616"):
+                "sum/18446744073709551616-0", "sum/1-18446744073709551616",
+                "sum/\u0661\u0662-0"):
         with pytest.raises(BadInput, match="invalid dead-letter id"):
             parse_ref(bad)
 

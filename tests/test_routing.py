@@ -230,7 +230,7 @@ def _p50_known(r: redis.Redis, prefix: str, agent: str) -> bool:
 def test_circuit_opens_after_ten_failures_and_closes_after_a_good_probe(
     make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
-    open_ms = 3000
+    open_ms = 4000
     settings = make_settings(circuit_open_ms=open_ms)
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
