@@ -94,8 +94,9 @@ class CapabilityLoop:
         self._grants_written = 0
         self._grants_left = 0
         """Grants this dispatcher wrote last, and how many of them submits have not used."""
-        self._granted: list[str] = []
-        """The grants standing (`agent|low`, sorted), as this dispatcher last wrote them."""
+        self._granted: list[tuple[str, bool]] = []
+        """The grants standing (agent, low-priority only; sorted), as this dispatcher last
+        wrote them."""
         self._granted_until = 0.0
         self._pulls: list[tuple[str, int, bool]] = []
         """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
@@ -498,6 +499,9 @@ class CapabilityLoop:
         written again until a third of its time to live has passed."""
         settings = self.d.settings
         grants: list[str] = []
+        # Agent and cold flag: an agent back from a failure in the grants as before must have
+        # its grants rewritten at once (low-priority only), not when the old ones are refreshed.
+        shape: list[tuple[str, bool]] = []
         if round_ is not None:
             snapshot_id = await self._snapshot(round_)
             by_id = {c.agent_id: c for c in round_.agents}
@@ -505,9 +509,8 @@ class CapabilityLoop:
                 unread = routing.max_unread(by_id[choice.agent_id], settings)
                 grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
                               f"{'1' if low_only else ''}")
-        # Agent and cold flag: an agent back from a failure in the grants as before must have
-        # its grants rewritten at once (low-priority only), not when the old ones are refreshed.
-        shape = sorted(f"{g.split('|', 1)[0]}|{g.rsplit('|', 1)[1]}" for g in grants)
+                shape.append((choice.agent_id, low_only))
+        shape.sort()
         now = time.monotonic()
         if shape == self._granted and now < self._granted_until:
             return

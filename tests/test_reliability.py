@@ -15,6 +15,7 @@ import pytest
 import redis
 
 from broker import ReachClient, Settings, TaskCanceled, TaskFailed, protocol
+from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
 from broker.models import TaskEvent
 from broker.results import read_events
@@ -322,7 +323,7 @@ def test_a_task_failed_before_its_agent_read_it_is_taken_out_of_the_inbox(make_s
         # it sizes a slow agent's prefetch to its speed. If the dispatcher was first, this call
         # finds it taken.)
         Scripts(r)(protocol.dispatch_call(settings, "unread", [
-            protocol.AgentBatch(str(busy.agent_id), 10, [waiting.task_id.split(":")[1]])]))
+            protocol.AgentBatch(str(busy.agent_id), 10, [split_task_id(waiting.task_id)[1]])]))
         assert wait_state(client, waiting.task_id, "dispatched", "failed").agent_id == busy.agent_id
         with pytest.raises(TaskFailed) as failed:
             waiting.result(timeout=30)
