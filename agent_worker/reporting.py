@@ -58,7 +58,9 @@ class Reporting:
     async def _report_progress(self, ctx: TaskContext, fraction: float | None, message: str | None,
                                data: dict[str, Any]) -> bool:
         item = self.running.get(ctx.task_id)
-        if item is None:
+        if item is None or item.ctx is not ctx:
+            # (an attempt that outlived its timeout, reporting while the task's next attempt
+            # runs here: its report must not go out under that attempt's fence)
             return False
         body: dict[str, Any] = dict(data)
         if fraction is not None:

@@ -56,22 +56,28 @@ READ_BLOCK_MS = 1000
 TICK_S = 0.1
 
 
-async def supervised(job: Callable[[], Awaitable[None]], name: str = "") -> None:
+async def supervised(job: Callable[[], Awaitable[None]], name: str = "", *,
+                     first_backoff_s: float = 0.5, healthy_after_s: float = 60.0) -> None:
     """Run a long-lived job; if it fails unexpectedly, log why and start it again (backing off).
 
     A job that dies silently would leave the process alive but useless (e.g. heartbeating while
-    reading nothing), which is worse than any crash.
+    reading nothing), which is worse than any crash. The backoff doubles while the job keeps
+    failing, and starts over once it ran `healthy_after_s` before failing: one failure a day
+    must not leave a job half a minute dead because of the failures of last week.
     """
     name = name or getattr(job, "__name__", "job")
-    backoff = 0.5
+    backoff = first_backoff_s
     while True:
+        started = time.monotonic()
         try:
             await job()
             return
         except asyncio.CancelledError:
             raise
         except Exception:
-            log.exception("%s failed unexpectedly; restarting it in %.1fs", name, backoff)
+            if time.monotonic() - started >= healthy_after_s:
+                backoff = first_backoff_s
+            log.exception("%s failed unexpectedly; restarting it in %.3gs", name, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 30.0)
 

@@ -77,6 +77,25 @@ def sleepy_sync(ctx: TaskContext, payload: Any) -> Any:
     return {"slept": payload.get("s", 1.0)}
 
 
+def outlives_its_attempt_sync(ctx: TaskContext, payload: Any) -> Any:
+    """Attempt 1 runs past its execution timeout, waits until attempt 2 of the same task runs
+    in this worker, then reports progress (a superseded attempt's report, to be dropped) and
+    marks that it did; attempt 2 waits for that mark and succeeds."""
+    flags = f"{os.environ['REACH_PREFIX']}:test:flags:{ctx.task_id}"
+    r = _redis()
+    deadline = time.monotonic() + 30
+    if ctx.attempt == 1:
+        while not r.hexists(flags, "attempt2") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        ctx.progress(0.5, "from attempt 1")
+        r.hset(flags, "reported", "1" if ctx.cancelled else "0")
+        return {"attempt": 1}
+    r.hset(flags, "attempt2", "1")
+    while not r.hexists(flags, "reported") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return {"attempt": ctx.attempt, "old_attempt_told_superseded": r.hget(flags, "reported") == "1"}
+
+
 async def blocks_loop(ctx: TaskContext, payload: Any) -> Any:
     """Blocks the event loop (a badly written async handler): the executor is stuck."""
     time.sleep(float(payload.get("s", 3.0)))

@@ -247,6 +247,19 @@ def test_execution_timeout_is_retryable_and_ends_in_the_dlq(
     assert types.count("accepted") == 2 and types.count("succeeded") == 0
 
 
+def test_progress_of_an_attempt_that_outlived_its_timeout_is_not_taken_for_the_next_one(
+    client: ReachClient, fleet: Fleet
+) -> None:
+    # A sync handler's thread cannot be stopped: after its timeout it may still report while
+    # the retry runs in the same worker, and must not report as the retry.
+    fleet.dispatcher()
+    fleet.worker("outlive", handler="tests.handlers:outlives_its_attempt_sync", concurrency=4)
+    handle = client.submit("outlive", {}, timeout_s=0.3, max_attempts=3)
+    assert handle.result(timeout=60) == {"attempt": 2, "old_attempt_told_superseded": True}
+    progress = [e for e in all_events(client, handle.task_id) if e.type == "progress"]
+    assert progress == []
+
+
 def test_deadline_expires_a_queued_task(client: ReachClient, fleet: Fleet) -> None:
     fleet.dispatcher()
     handle = client.submit("nobody", {"n": 1}, deadline_s=0.3)

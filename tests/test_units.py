@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 from pathlib import Path
 
@@ -275,3 +277,28 @@ def test_an_inbox_entry_carries_what_starting_its_task_needs() -> None:
     assert parse_delivery("cap", "1-0", {**fields, "fence": "\u00b2"}) is None
     assert parse_delivery("cap", "1-0", {**fields, "x": "2|60000|99999999999999999|3|||"}) is None
     assert parse_delivery("cap", "1-0", {**fields, "x": "2|-1|0|3|||"}) is None
+
+
+async def test_a_supervised_job_backs_off_while_it_fails_and_starts_over_once_it_ran_well(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from agent_worker.runtime import supervised
+
+    # fails at once twice, then runs well for a while and fails, then ends
+    plan = iter([0.0, 0.0, 0.3, None])
+    calls = 0
+
+    async def job() -> None:
+        nonlocal calls
+        calls += 1
+        ran = next(plan)
+        if ran is None:
+            return
+        await asyncio.sleep(ran)
+        raise RuntimeError("boom")
+
+    with caplog.at_level(logging.ERROR, logger="reach.worker"):
+        await supervised(job, "job", first_backoff_s=0.01, healthy_after_s=0.2)
+    waits = [m.split("restarting it in ")[1] for m in caplog.messages if "restarting it in" in m]
+    assert calls == 4
+    assert waits == ["0.01s", "0.02s", "0.01s"]
