@@ -496,7 +496,8 @@ class CapabilityLoop:
     async def _grant(self, round_: routing.RoutingRound | None) -> None:
         """Leave the round's remaining room as grants, in weighted random order (or clear the
         grants: no room, or no agent). A grant set no different from the one standing is not
-        written again until a third of its time to live has passed."""
+        written again until a third of its time to live has passed, or until submits used half
+        of the grants standing (the reason for the round that calls this)."""
         settings = self.d.settings
         grants: list[str] = []
         # Agent and cold flag: an agent back from a failure in the grants as before must have
@@ -512,7 +513,8 @@ class CapabilityLoop:
                 shape.append((choice.agent_id, low_only))
         shape.sort()
         now = time.monotonic()
-        if shape == self._granted and now < self._granted_until:
+        running_low = self._grants_left * 2 < self._grants_written
+        if shape == self._granted and now < self._granted_until and not running_low:
             return
         if not grants and not self._granted:
             return

@@ -260,3 +260,39 @@ async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
         assert cold and all(g.startswith("back-1|") and g.endswith("|1") for g in cold), cold
     finally:
         await d.redis.aclose()
+
+
+@pytest.mark.one_redis
+async def test_grants_half_used_are_written_again_by_the_next_round(
+    make_settings: Any, r: redis.Redis
+) -> None:
+    # Submits took more than half of the grants: the round that this calls for must write a
+    # full set again even though the same agents are granted. (It used to skip the write as
+    # "no different" until a third of the grants' time to live had passed: every further
+    # submit then woke a round that did nothing, and the grants ran out, so tasks queued and
+    # waited for a round at low load.)
+    settings = make_settings(idle_tick_ms=60_000)
+    d = Dispatcher(settings)
+    d.redis = connection.async_client(settings)
+    d.scripts = AsyncScripts(d.redis)
+    loop = CapabilityLoop(d, "refill")
+    now = int(r.time()[0]) * 1000
+    agent = Candidate("refill-1", 4, InboxLoad(0, 0))
+    try:
+        keys = CapabilityKeys(settings.prefix, "refill")
+        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        full = r.llen(keys.grants)
+        assert full >= 4
+        used = full // 2 + 1
+        for _ in range(used):
+            r.lpop(keys.grants)  # as submits take them
+        loop.on_took(used)
+        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        assert r.llen(keys.grants) == full
+        # while fewer than half are used, the standing set is left alone (no write per round)
+        r.lpop(keys.grants)
+        loop.on_took(1)
+        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        assert r.llen(keys.grants) == full - 1
+    finally:
+        await d.redis.aclose()
