@@ -4,7 +4,8 @@ The execution timeout is kept by the worker (runtime.py, one timer for all its r
 attempts rather than one per attempt): it marks the context timed out and cancels the attempt.
 Async handlers are cancelled then. Sync handlers run in a thread that cannot be stopped: the
 attempt is reported as timed out (retryable) and whatever the thread returns later is thrown
-away, so a late result never reaches Redis.
+away, so a late result never reaches Redis; the end names the call still running, whose slot
+the worker keeps taken until it returns.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from concurrent.futures import Executor
-from dataclasses import dataclass
+from concurrent.futures import Executor, Future
+from dataclasses import dataclass, replace
+from typing import Any
 
 from pydantic import BaseModel
 
@@ -32,6 +34,9 @@ class AttemptEnd:
     """The result's JSON on success, else the error text."""
     exec_ms: int
     retry_after_s: float | None = None
+    still_running: Future[Any] | None = None
+    """A sync handler's call that went on in its thread past the attempt's end (a timeout):
+    Python cannot stop a thread, so its slot stays taken until the call returns."""
 
 
 async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
@@ -48,16 +53,21 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
         payload = binding.parse_payload(codec.loads(payload_text))
     except ValueError as exc:  # not JSON, or not what the handler's payload model accepts
         return end(Outcome.INVALID_REQUEST, f"invalid payload: {describe(exc)}")
+    future: Future[Any] | None = None
     try:
         if binding.is_async:
             result = await binding.handler(ctx, payload)
         else:
             loop = asyncio.get_running_loop()
             call = functools.partial(binding.handler, ctx, payload)
-            result = await asyncio.wrap_future(threads.submit(call), loop=loop)
+            future = threads.submit(call)
+            result = await asyncio.wrap_future(future, loop=loop)
     except asyncio.CancelledError:
         if ctx._timed_out:
-            return timed_out()
+            ended = timed_out()
+            if future is not None and not future.done():
+                ended = replace(ended, still_running=future)
+            return ended
         if ctx.cancelled:  # canceled by the producer: the result would be discarded anyway
             return end(Outcome.FAILURE, "canceled while running")
         raise

@@ -29,7 +29,7 @@ import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -166,6 +166,9 @@ class Worker(Reporting):
         runs (at start, and after a lost connection): the reader looks there first."""
         self._signals = 0
         self._given_up: list[Running] = []
+        self._hung_calls: set[Future[Any]] = set()
+        """Sync handler calls still running past their attempt's timeout (each holds a slot)."""
+        self._exit_code = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -218,7 +221,7 @@ class Worker(Reporting):
         with contextlib.suppress(*connection.TRANSIENT_ERRORS, TimeoutError):
             await asyncio.wait_for(self._redis.aclose(), 5.0)
         log.info("agent %s stopped", self.agent_id)
-        return 0
+        return self._exit_code
 
     def stop(self) -> None:
         self._stopping = True
@@ -503,6 +506,7 @@ class Worker(Reporting):
 
     async def _run(self, item: Running, payload: str) -> None:
         ctx = item.ctx
+        end: AttemptEnd | None = None
         try:
             end = await run_attempt(item.binding, ctx, payload, self._threads,
                                     self.settings.max_payload_bytes)
@@ -514,7 +518,9 @@ class Worker(Reporting):
         finally:
             if self.running.get(ctx.task_id) is item:
                 del self.running[ctx.task_id]
-            if self._piggyback:
+            if end is not None and end.still_running is not None:
+                self._hold_slot(ctx.task_id, end.still_running)
+            elif self._piggyback:
                 self._freed += 1  # (the flusher reads the next task with this one's report)
             else:
                 self._release(1)
@@ -567,6 +573,40 @@ class Worker(Reporting):
         if earliest is not None:
             self._arm_timer(earliest)
 
+    def _hold_slot(self, task_id: str, call: Future[Any]) -> None:
+        """A sync handler went on in its thread past its attempt's timeout (the attempt is
+        reported timed out and runs again elsewhere): its slot stays taken until the call
+        returns, so that this worker never runs more handlers at once than its concurrency
+        (nor queues tasks behind threads that are all busy)."""
+        self._hung_calls.add(call)
+        log.warning("task %s: its handler is still running in its thread after the timeout; "
+                    "its slot stays taken until it returns", task_id)
+        call.add_done_callback(self._on_call_done)
+        self._check_slots_left()
+
+    def _on_call_done(self, call: Future[Any]) -> None:  # (in the handler's thread)
+        with contextlib.suppress(RuntimeError):  # (the loop closed: the worker has stopped)
+            self._loop.call_soon_threadsafe(self._call_returned, call)
+
+    def _call_returned(self, call: Future[Any]) -> None:
+        if call in self._hung_calls:
+            self._hung_calls.discard(call)
+            self._release(1)
+
+    def _check_slots_left(self) -> None:
+        """When handlers that did not stop after their timeout hold every slot, this process
+        can run nothing more, and Python cannot stop them: it stops (handing its unread tasks
+        back, exit code 1) so that whatever supervises it starts a fresh one, instead of
+        staying registered with nothing to run its tasks on."""
+        coroutines = sum(1 for item in self._given_up
+                         if item.binding.is_async and item.task is not None and not item.task.done())
+        held = len(self._hung_calls) + coroutines
+        if held >= self.concurrency and not self._stopping:
+            log.error("all %d slot(s) are held by handlers that did not stop after their "
+                      "timeout; stopping so that a fresh process can take over", self.concurrency)
+            self._exit_code = 1
+            self.stop()
+
     def still_running(self) -> int:
         """After run(): handlers that have not returned, of tasks given up (coroutines that
         ignore cancellation, threads blocked in a call)."""
@@ -588,6 +628,7 @@ class Worker(Reporting):
         # (only those still going matter to still_running(): the rest need not be kept)
         self._given_up = [i for i in self._given_up if i.task is not None and not i.task.done()]
         self._given_up.append(item)
+        self._check_slots_left()
         del self.running[item.ctx.task_id]
         self.stats.record(round((item.ctx.timeout_s + STOP_WAIT_S) * 1000), False)
         self._completions.setdefault(item.binding.capability, []).append(protocol.Completion(

@@ -7,6 +7,7 @@ the test's own prefix, so they survive a worker being killed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import sys
 import time
@@ -94,6 +95,22 @@ def outlives_its_attempt_sync(ctx: TaskContext, payload: Any) -> Any:
     while not r.hexists(flags, "reported") and time.monotonic() < deadline:
         time.sleep(0.01)
     return {"attempt": ctx.attempt, "old_attempt_told_superseded": r.hget(flags, "reported") == "1"}
+
+
+def hangs_sync(ctx: TaskContext, payload: Any) -> Any:
+    """Blocks its thread (past any timeout) when payload["hang"], else echoes the payload."""
+    if payload.get("hang"):
+        time.sleep(600)
+    return payload
+
+
+async def ignores_cancel(ctx: TaskContext, payload: Any) -> Any:
+    """Swallows every cancellation when payload["hang"] (a handler that never stops when told),
+    else echoes the payload."""
+    while payload.get("hang"):
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(600)
+    return payload
 
 
 async def blocks_loop(ctx: TaskContext, payload: Any) -> Any:

@@ -260,6 +260,31 @@ def test_progress_of_an_attempt_that_outlived_its_timeout_is_not_taken_for_the_n
     assert progress == []
 
 
+@pytest.mark.one_redis
+@pytest.mark.parametrize("handler", ["hangs_sync", "ignores_cancel"])
+def test_a_worker_whose_every_slot_is_held_by_handlers_that_never_stop_hands_back_and_exits(
+    client: ReachClient, fleet: Fleet, handler: str
+) -> None:
+    # Python cannot stop a thread (nor a coroutine that swallows its cancellation): the slot of
+    # such a handler stays taken. Once they hold every slot, the worker can run nothing: it
+    # must not stay registered with tasks waiting in its inbox, but hand them back and exit 1
+    # for its supervisor to start a fresh process.
+    fleet.dispatcher()
+    stuck = fleet.worker("stuck", handler=f"tests.handlers:{handler}", concurrency=2)
+    hung = [client.submit("stuck", {"hang": True}, timeout_s=0.3, max_attempts=1) for _ in range(2)]
+    for handle in hung:
+        wait_state(client, handle.task_id, "running", "failed")
+    waiting = client.submit("stuck", {"n": "waiting"})
+    assert stuck.wait(timeout=60) == 1
+    assert "held by handlers that did not stop" in stuck.output()
+    for handle in hung:
+        with pytest.raises(TaskFailed) as failed:
+            handle.result(timeout=30)
+        assert "execution timeout" in (failed.value.error or "")
+    fleet.worker("stuck", handler=f"tests.handlers:{handler}")
+    assert waiting.result(timeout=60) == {"n": "waiting"}
+
+
 def test_deadline_expires_a_queued_task(client: ReachClient, fleet: Fleet) -> None:
     fleet.dispatcher()
     handle = client.submit("nobody", {"n": 1}, deadline_s=0.3)
