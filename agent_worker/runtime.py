@@ -166,14 +166,19 @@ class Worker(Reporting):
         runs (at start, and after a lost connection): the reader looks there first."""
         self._signals = 0
         self._given_up: list[Running] = []
-        self._hung_calls: set[Future[Any]] = set()
-        """Sync handler calls still running past their attempt's timeout (each holds a slot)."""
+        self._hung_calls: dict[Future[Any], float] = {}
+        """Sync handler calls still running past their attempt's timeout (each holds a slot),
+        and when that began (event loop clock)."""
+        self._held_slots = 0
+        """Slots taken by handlers past their timeout that have not returned (the heartbeat
+        thread reads this number)."""
         self._exit_code = 0
 
     # -- lifecycle --------------------------------------------------------------------------
 
     async def run(self, *, install_signals: bool = True) -> int:
-        """Serve until asked to stop (SIGTERM/SIGINT or `stop()`), then drain. Returns 0."""
+        """Serve until asked to stop (SIGTERM/SIGINT or `stop()`), then drain. Returns the exit
+        code: 0, or 1 when handlers that did not stop held every slot (_check_slots_left)."""
         self._loop = asyncio.get_running_loop()
         self._stop_event = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -525,6 +530,7 @@ class Worker(Reporting):
             else:
                 self._release(1)
         if item.abandoned:
+            self._held_slots -= 1
             return  # (reported when it was given up; this late end changes nothing)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         delay = 0
@@ -559,6 +565,7 @@ class Worker(Reporting):
             if item.deadline <= now:
                 if not item.ctx._timed_out:
                     item.ctx._timed_out = True
+                    item.ctx._cancelled = True  # (ctx.cancelled: this attempt is over, stop)
                     if item.task is not None:
                         item.task.cancel()
                     look = now + STOP_WAIT_S
@@ -575,33 +582,39 @@ class Worker(Reporting):
 
     def _hold_slot(self, task_id: str, call: Future[Any]) -> None:
         """A sync handler went on in its thread past its attempt's timeout (the attempt is
-        reported timed out and runs again elsewhere): its slot stays taken until the call
-        returns, so that this worker never runs more handlers at once than its concurrency
-        (nor queues tasks behind threads that are all busy)."""
-        self._hung_calls.add(call)
+        reported timed out, to be retried): its slot stays taken until the call returns, so
+        that this worker never runs more handlers at once than its concurrency, and its
+        heartbeat tells the dispatchers (`held_slots`) to send it that much less."""
+        self._hung_calls[call] = self._loop.time()
+        self._held_slots += 1
         log.warning("task %s: its handler is still running in its thread after the timeout; "
                     "its slot stays taken until it returns", task_id)
         call.add_done_callback(self._on_call_done)
-        self._check_slots_left()
+        self._heartbeat.beat_now()
+        # (a call that returns within STOP_WAIT_S only held its slot a moment longer)
+        self._loop.call_later(STOP_WAIT_S, self._check_slots_left)
 
     def _on_call_done(self, call: Future[Any]) -> None:  # (in the handler's thread)
         with contextlib.suppress(RuntimeError):  # (the loop closed: the worker has stopped)
             self._loop.call_soon_threadsafe(self._call_returned, call)
 
     def _call_returned(self, call: Future[Any]) -> None:
-        if call in self._hung_calls:
-            self._hung_calls.discard(call)
+        if self._hung_calls.pop(call, None) is not None:
+            self._held_slots -= 1
             self._release(1)
+            self._heartbeat.beat_now()
 
     def _check_slots_left(self) -> None:
-        """When handlers that did not stop after their timeout hold every slot, this process
-        can run nothing more, and Python cannot stop them: it stops (handing its unread tasks
-        back, exit code 1) so that whatever supervises it starts a fresh one, instead of
-        staying registered with nothing to run its tasks on."""
-        coroutines = sum(1 for item in self._given_up
+        """When handlers that did not stop within STOP_WAIT_S of their timeout hold every
+        slot, this process can run nothing more, and Python cannot stop them: it stops
+        (handing its unread tasks back, exit code 1) so that whatever supervises it starts a
+        fresh one, instead of staying registered with nothing to run its tasks on."""
+        now = self._loop.time()
+        coroutines = sum(1 for item in self._given_up  # (given up STOP_WAIT_S after the timeout)
                          if item.binding.is_async and item.task is not None and not item.task.done())
-        held = len(self._hung_calls) + coroutines
-        if held >= self.concurrency and not self._stopping:
+        calls = sum(1 for call, since in self._hung_calls.items()
+                    if not call.done() and now - since >= STOP_WAIT_S - 0.001)
+        if calls + coroutines >= self.concurrency and not self._stopping:
             log.error("all %d slot(s) are held by handlers that did not stop after their "
                       "timeout; stopping so that a fresh process can take over", self.concurrency)
             self._exit_code = 1
@@ -628,6 +641,8 @@ class Worker(Reporting):
         # (only those still going matter to still_running(): the rest need not be kept)
         self._given_up = [i for i in self._given_up if i.task is not None and not i.task.done()]
         self._given_up.append(item)
+        self._held_slots += 1  # (until its _run ends)
+        self._heartbeat.beat_now()
         self._check_slots_left()
         del self.running[item.ctx.task_id]
         self.stats.record(round((item.ctx.timeout_s + STOP_WAIT_S) * 1000), False)
@@ -689,6 +704,7 @@ class Worker(Reporting):
             "inflight": len(self.running),
             "max_concurrency": self.concurrency,
             "free_slots": self._free,
+            "held_slots": self._held_slots,
             "loop_progress_age_ms": progress_age_ms,
             "stalled": progress_age_ms >= self.settings.stall_after_ms and bool(self.running),
             "loop_lag_ms": round(self._max_lag_ms, 1),

@@ -81,7 +81,7 @@ class AgentRecord:
 
 
 # The heartbeat stats that readers take as numbers, and those they take as flags.
-_NUMERIC_STATS = frozenset({"inflight", "max_concurrency", "free_slots", "loop_progress_age_ms",
+_NUMERIC_STATS = frozenset({"inflight", "max_concurrency", "free_slots", "held_slots", "loop_progress_age_ms",
                             "loop_lag_ms", "latency_p50_ms", "latency_baseline_ms", "health",
                             "stability", "done", "failed",
                             "rejected", "rss_kb"})

@@ -347,9 +347,14 @@ class CapabilityLoop:
                 filtered[record.agent_id] = f"state:{state.value}"
                 continue
             stats = record.stats
+            # Slots held by handlers that ran past their timeout (Python cannot stop them) run
+            # nothing: the agent is sent work for the rest. (When they hold every slot the
+            # agent leaves, and is replaced.)
+            held = _number(stats.get("held_slots")) or 0.0
+            held = min(max(held, 0.0), record.max_concurrency) if math.isfinite(held) else 0.0
             out.append(routing.Candidate(
                 agent_id=record.agent_id,
-                max_concurrency=record.max_concurrency,
+                max_concurrency=max(1, record.max_concurrency - int(held)),
                 load=self.loads.setdefault(record.agent_id, routing.InboxLoad()),
                 latency_p50_ms=_number(stats.get("latency_p50_ms")),
                 latency_baseline_ms=_number(stats.get("latency_baseline_ms")),

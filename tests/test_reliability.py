@@ -254,7 +254,9 @@ def test_progress_of_an_attempt_that_outlived_its_timeout_is_not_taken_for_the_n
     # the retry runs in the same worker, and must not report as the retry.
     fleet.dispatcher()
     fleet.worker("outlive", handler="tests.handlers:outlives_its_attempt_sync", concurrency=4)
-    handle = client.submit("outlive", {}, timeout_s=0.3, max_attempts=3)
+    # (a timeout long enough for attempt 2 to see attempt 1's mark however slow the machine;
+    # attempt 1 runs past it whatever it is, as it waits for attempt 2)
+    handle = client.submit("outlive", {}, timeout_s=1.5, max_attempts=3)
     assert handle.result(timeout=60) == {"attempt": 2, "old_attempt_told_superseded": True}
     progress = [e for e in all_events(client, handle.task_id) if e.type == "progress"]
     assert progress == []
@@ -271,16 +273,21 @@ def test_a_worker_whose_every_slot_is_held_by_handlers_that_never_stop_hands_bac
     # for its supervisor to start a fresh process.
     fleet.dispatcher()
     stuck = fleet.worker("stuck", handler=f"tests.handlers:{handler}", concurrency=2)
-    hung = [client.submit("stuck", {"hang": True}, timeout_s=0.3, max_attempts=1) for _ in range(2)]
+    hung = [client.submit("stuck", {"hang": True}, timeout_s=0.5, max_attempts=1) for _ in range(2)]
     for handle in hung:
-        wait_state(client, handle.task_id, "running", "failed")
+        wait_state(client, handle.task_id, "running")
+    # Both slots are busy: this one waits, unread, in the stuck worker's inbox.
     waiting = client.submit("stuck", {"n": "waiting"})
+    status = wait_state(client, waiting.task_id, "dispatched")
+    assert status.agent_id == stuck.agent_id
     assert stuck.wait(timeout=60) == 1
     assert "held by handlers that did not stop" in stuck.output()
     for handle in hung:
         with pytest.raises(TaskFailed) as failed:
             handle.result(timeout=30)
         assert "execution timeout" in (failed.value.error or "")
+    handed_back = [e for e in all_events(client, waiting.task_id) if e.type == "reclaimed"]
+    assert [e.data.get("reason") for e in handed_back] == ["agent draining"]
     fleet.worker("stuck", handler=f"tests.handlers:{handler}")
     assert waiting.result(timeout=60) == {"n": "waiting"}
 

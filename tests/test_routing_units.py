@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
+import time
 from collections import Counter
+from types import SimpleNamespace
 
 import pytest
 
 from broker import Settings
+from broker.models import AgentDescriptor
+from broker.registry import AgentRecord
 from broker.versions import satisfies
+from dispatcher.capability import CapabilityLoop
+from dispatcher.registry_view import RegistryView
 from dispatcher.routing import (
     AgentHealth,
     Candidate,
@@ -189,3 +196,27 @@ def test_grants_follow_the_weights_leave_loads_alone_and_put_a_probe_first() -> 
     assert {choice.agent_id for choice, low in grants if low} == {"cold"}  # cold: low priority only
     assert (busy.load.outstanding, idle.load.outstanding) == (6, 0)  # promises, not deliveries
     assert round_.grants(1000) == []  # the room is spent
+
+
+@pytest.mark.parametrize(("held", "seen"), [(None, 8), (3, 5), (8, 1), (-4, 8), (1e300, 1), ("x", 8)])
+def test_slots_held_by_handlers_past_their_timeout_are_left_out_of_an_agents_concurrency(
+    held: object, seen: int
+) -> None:
+    settings = Settings.load(redis_url="redis://unused:1/0", prefix="held")
+    view = RegistryView(settings, client=None)
+    now = int(time.time() * 1000)
+    view._offset_ms = now - time.monotonic() * 1000
+    stats = {"inflight": 0, "max_concurrency": 8}
+    if held is not None:
+        stats["held_slots"] = held  # type: ignore[assignment]
+    record = AgentRecord.from_hash({
+        "agent_id": "a1", "last_seen": str(now), "registered_at": str(now), "warm_until": str(now),
+        "mode": "active", "stats": json.dumps(stats),
+        "descriptor": AgentDescriptor(agent_id="a1", capabilities=["cap"],
+                                      max_concurrency=8).model_dump_json(),
+    })
+    assert record is not None
+    view.agents = {"a1": record}
+    loop = CapabilityLoop(SimpleNamespace(settings=settings, view=view), "cap")  # type: ignore[arg-type]
+    (candidate,), _ = loop.candidates()
+    assert candidate.max_concurrency == seen
