@@ -610,21 +610,25 @@ class Worker(Reporting):
         (handing its unread tasks back, exit code 1) so that whatever supervises it starts a
         fresh one, instead of staying registered with nothing to run its tasks on."""
         now = self._loop.time()
-        coroutines = sum(1 for item in self._given_up  # (given up STOP_WAIT_S after the timeout)
-                         if item.binding.is_async and item.task is not None and not item.task.done())
+        # (a timer may fire a hair early: asyncio rounds to its clock's resolution)
         calls = sum(1 for call, since in self._hung_calls.items()
                     if not call.done() and now - since >= STOP_WAIT_S - 0.001)
-        if calls + coroutines >= self.concurrency and not self._stopping:
+        # (coroutines are given up STOP_WAIT_S after their timeout already)
+        if calls + self._given_up_running() >= self.concurrency and not self._stopping:
             log.error("all %d slot(s) are held by handlers that did not stop after their "
                       "timeout; stopping so that a fresh process can take over", self.concurrency)
             self._exit_code = 1
             self.stop()
 
+    def _given_up_running(self) -> int:
+        """Coroutines of tasks given up that have not ended yet."""
+        return sum(1 for item in self._given_up
+                   if item.binding.is_async and item.task is not None and not item.task.done())
+
     def still_running(self) -> int:
         """After run(): handlers that have not returned, of tasks given up (coroutines that
         ignore cancellation, threads blocked in a call)."""
-        coroutines = sum(1 for item in self._given_up
-                         if item.binding.is_async and item.task is not None and not item.task.done())
+        coroutines = self._given_up_running()
         threads = [t for t in threading.enumerate() if t.name.startswith("reach-handler")]
         for thread in threads:  # (idle ones end at once: the pool was shut down)
             thread.join(timeout=0.2)

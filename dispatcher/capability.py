@@ -132,14 +132,18 @@ class CapabilityLoop:
         if health_changed:
             self._urgent = True
         queued = self._maybe_queued and pulled < finished
-        if health_changed or queued or self._grants_left * 2 < self._grants_written:
+        if health_changed or queued or self._grants_running_low():
             self._wake.set()
 
     def on_took(self, taken: int) -> None:
         """A submit used grants: route (and grant again) once half of them are gone."""
         self._grants_left -= taken
-        if self._grants_left * 2 < self._grants_written:
+        if self._grants_running_low():
             self._wake.set()
+
+    def _grants_running_low(self) -> bool:
+        """Submits used half of the grants this dispatcher wrote last: time to write them again."""
+        return self._grants_left * 2 < self._grants_written
 
     def note_load(self, agent_id: str, outstanding: int, running: int) -> None:
         """An agent's exact inbox load: entries not finished, and those it has read (running);
@@ -518,8 +522,7 @@ class CapabilityLoop:
                 shape.append((choice.agent_id, low_only))
         shape.sort()
         now = time.monotonic()
-        running_low = self._grants_left * 2 < self._grants_written
-        if shape == self._granted and now < self._granted_until and not running_low:
+        if shape == self._granted and now < self._granted_until and not self._grants_running_low():
             return
         if not grants and not self._granted:
             return

@@ -230,6 +230,15 @@ def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_sub
     assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 2021
 
 
+def loop_without_service(settings: Settings, capability: str) -> CapabilityLoop:
+    """A capability's dispatch loop on its own Redis connection, for a test to drive its
+    rounds by hand (no dispatcher service, wake listener or registry refresh around it)."""
+    d = Dispatcher(settings)
+    d.redis = connection.async_client(settings)
+    d.scripts = AsyncScripts(d.redis)
+    return CapabilityLoop(d, capability)
+
+
 @pytest.mark.one_redis
 async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
     make_settings: Any, r: redis.Redis
@@ -240,10 +249,7 @@ async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
     # (A grant set no different from the standing one is written again after a third of its
     # time to live: a long tick keeps that from hiding the race however slow the machine.)
     settings = make_settings(idle_tick_ms=60_000)
-    d = Dispatcher(settings)
-    d.redis = connection.async_client(settings)
-    d.scripts = AsyncScripts(d.redis)
-    loop = CapabilityLoop(d, "back")
+    loop = loop_without_service(settings, "back")
     now = int(r.time()[0]) * 1000
 
     def round_with(recovered_at_ms: int) -> RoutingRound:
@@ -259,7 +265,7 @@ async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
         cold = r.lrange(keys.grants, 0, -1)
         assert cold and all(g.startswith("back-1|") and g.endswith("|1") for g in cold), cold
     finally:
-        await d.redis.aclose()
+        await loop.d.redis.aclose()
 
 
 @pytest.mark.one_redis
@@ -272,10 +278,7 @@ async def test_grants_half_used_are_written_again_by_the_next_round(
     # submit then woke a round that did nothing, and the grants ran out, so tasks queued and
     # waited for a round at low load.)
     settings = make_settings(idle_tick_ms=60_000)
-    d = Dispatcher(settings)
-    d.redis = connection.async_client(settings)
-    d.scripts = AsyncScripts(d.redis)
-    loop = CapabilityLoop(d, "refill")
+    loop = loop_without_service(settings, "refill")
     now = int(r.time()[0]) * 1000
     agent = Candidate("refill-1", 4, InboxLoad(0, 0))
     try:
@@ -295,4 +298,4 @@ async def test_grants_half_used_are_written_again_by_the_next_round(
         await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
         assert r.llen(keys.grants) == full - 1
     finally:
-        await d.redis.aclose()
+        await loop.d.redis.aclose()
