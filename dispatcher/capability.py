@@ -135,9 +135,10 @@ class CapabilityLoop:
         if health_changed or queued or self._grants_running_low():
             self._wake.set()
 
-    def on_took(self, taken: int) -> None:
-        """A submit used grants: route (and grant again) once half of them are gone."""
-        self._grants_left -= taken
+    def on_took(self, taken: int, left: int | None = None) -> None:
+        """A submit used grants: route (and grant again) once half of them are gone. `left`:
+        the grants standing after it (submits say so once half are used, see submit.lua)."""
+        self._grants_left = left if left is not None else self._grants_left - taken
         if self._grants_running_low():
             self._wake.set()
 
@@ -515,10 +516,12 @@ class CapabilityLoop:
         if round_ is not None:
             snapshot_id = await self._snapshot(round_)
             by_id = {c.agent_id: c for c in round_.agents}
-            for choice, low_only in round_.grants(settings.dispatch_batch):
+            chosen = round_.grants(settings.dispatch_batch)
+            for choice, low_only in chosen:
                 unread = routing.max_unread(by_id[choice.agent_id], settings)
+                # (the count written lets submit tell when half of them are used)
                 grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
-                              f"{'1' if low_only else ''}")
+                              f"{'1' if low_only else ''}|{len(chosen)}")
                 shape.append((choice.agent_id, low_only))
         shape.sort()
         now = time.monotonic()

@@ -8,8 +8,9 @@ task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wak
                                         an agent finished n tasks in exec ms in all (its exact
                                         inbox load after, its consecutive failures) and took
                                         `pulled` ready tasks in their place (standing pull)
-    took <cap> <agent> <len> <pending> <n>
-                                        a submit handed n tasks straight to the agent (grants)
+    took <cap> <agent> <len> <pending> <n> <left>
+                                        a submit handed n tasks straight to the agent (grants),
+                                        leaving `left` grants: sent once half are used
     agent <agent>                       the registry changed
 
 Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is
@@ -193,11 +194,11 @@ class Dispatcher:
                     if len(parts) >= 9:
                         pulled = int(parts[8])
                 loop.on_free(changed, finished, pulled)
-        elif kind == "took" and len(parts) == 6:
+        elif kind == "took" and len(parts) in (6, 7):
             loop = self.loops.get(parts[1])
             if loop is not None:
                 with contextlib.suppress(ValueError):
                     loop.note_load(parts[2], int(parts[3]), int(parts[4]))
-                    loop.on_took(int(parts[5]))
+                    loop.on_took(int(parts[5]), int(parts[6]) if len(parts) == 7 else None)
         elif kind == "agent":
             self._registry_dirty.set()

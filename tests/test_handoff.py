@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import time
 from typing import Any
 
 import pytest
@@ -22,7 +23,7 @@ import redis
 
 from broker import ReachClient, TaskHandle, connection, protocol
 from broker.ids import split_task_id
-from broker.keys import AGENT_GROUP, CapabilityKeys
+from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 from broker.results import read_events
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
@@ -106,6 +107,57 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     behind = client.submit("grants", {"n": 5}, priority=9)
     assert behind.status().state == "queued" and r.llen(ck.grants) == 3
     assert int(r.hget(ck.stats, "direct") or 0) == 2
+
+
+def wake_messages_until_marker(pubsub: Any, r: redis.Redis, channel: str) -> list[str]:
+    """The messages on the wake channel up to now: a marker published last closes them (one
+    channel keeps the order its messages were published in)."""
+    marker = f"marker {random.random()}"
+    r.publish(channel, marker)
+    seen: list[str] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        message = pubsub.get_message(timeout=1.0)
+        if message and message["type"] == "message":
+            if message["data"] == marker:
+                return seen
+            seen.append(message["data"])
+    raise AssertionError(f"the marker never came back; saw {seen}")
+
+
+def test_submits_wake_the_dispatchers_only_once_half_of_the_grants_are_used(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    # A hand-off changes nothing a dispatcher must act on while most grants stand: a message
+    # per hand-off woke every dispatcher for nothing. Once half are used, each hand-off says
+    # how many are left, and the dispatcher writes new ones.
+    channel = Channels(prefix).wake
+    pubsub = r.pubsub()
+    pubsub.subscribe(channel)
+    try:
+        bind(r, settings, "took", "live")
+        grant(r, settings, "took", *["live|40|round-1|50.0||4"] * 4)
+        wake_messages_until_marker(pubsub, r, channel)  # (the subscription is in place)
+        client.submit("took", {"n": 1})
+        client.submit("took", {"n": 2})
+        assert wake_messages_until_marker(pubsub, r, channel) == []  # 2 of 4 left
+        client.submit("took", {"n": 3})
+        assert wake_messages_until_marker(pubsub, r, channel) == ["took took live 3 -1 1 1"]
+        # Grants that do not say how many were written (an older dispatcher's): every time.
+        grant(r, settings, "took", *["live|40|round-2|50.0|"] * 4)
+        client.submit("took", {"n": 4})
+        assert wake_messages_until_marker(pubsub, r, channel) == ["took took live 4 -1 1 3"]
+    finally:
+        pubsub.close()
+    # The dispatcher takes `left` as it is (several dispatchers' grants or skipped stale ones
+    # make counting its own writes down drift), and routes once fewer than half are left.
+    dispatcher = Dispatcher(settings)
+    loop = dispatcher.loops["took"] = CapabilityLoop(dispatcher, "took")
+    loop._grants_written = loop._grants_left = 4
+    dispatcher.on_wake("took took live 3 -1 1 2")
+    assert loop._grants_left == 2 and not loop._wake.is_set()
+    dispatcher.on_wake("took took live 4 -1 1 1")
+    assert loop._grants_left == 1 and loop._wake.is_set()
 
 
 def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
@@ -260,10 +312,10 @@ async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
         keys = CapabilityKeys(settings.prefix, "back")
         await loop._grant(round_with(0))
         warm = r.lrange(keys.grants, 0, -1)
-        assert warm and all(g.endswith("|") for g in warm), warm
+        assert warm and all(g.split("|")[4] == "" for g in warm), warm
         await loop._grant(round_with(now))
         cold = r.lrange(keys.grants, 0, -1)
-        assert cold and all(g.startswith("back-1|") and g.endswith("|1") for g in cold), cold
+        assert cold and all(g.startswith("back-1|") and g.split("|")[4] == "1" for g in cold), cold
     finally:
         await loop.d.redis.aclose()
 
