@@ -109,11 +109,12 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     assert int(r.hget(ck.stats, "direct") or 0) == 2
 
 
-def wake_messages_until_marker(pubsub: Any, r: redis.Redis, channel: str) -> list[str]:
-    """The messages on the wake channel up to now: a marker published last closes them (one
-    channel keeps the order its messages were published in)."""
+def wake_messages_until_marker(pubsub: Any, r: redis.Redis, channel: str, slot_key: str) -> list[str]:
+    """The messages on the wake channel up to now: a marker published last closes them. (It is
+    published from the node of `slot_key`, the capability's slot, as the scripts' messages are:
+    on Cluster, messages from one node keep their order, from two nodes they need not.)"""
     marker = f"marker {random.random()}"
-    r.publish(channel, marker)
+    r.eval("return redis.call('PUBLISH', ARGV[1], ARGV[2])", 1, slot_key, channel, marker)
     seen: list[str] = []
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -132,21 +133,22 @@ def test_submits_wake_the_dispatchers_only_once_half_of_the_grants_are_used(
     # per hand-off woke every dispatcher for nothing. Once half are used, each hand-off says
     # how many are left, and the dispatcher writes new ones.
     channel = Channels(prefix).wake
+    slot = CapabilityKeys(prefix, "took").queue
     pubsub = r.pubsub()
     pubsub.subscribe(channel)
     try:
         bind(r, settings, "took", "live")
         grant(r, settings, "took", *["live|40|round-1|50.0||4"] * 4)
-        wake_messages_until_marker(pubsub, r, channel)  # (the subscription is in place)
+        wake_messages_until_marker(pubsub, r, channel, slot)  # (the subscription is in place)
         client.submit("took", {"n": 1})
         client.submit("took", {"n": 2})
-        assert wake_messages_until_marker(pubsub, r, channel) == []  # 2 of 4 left
+        assert wake_messages_until_marker(pubsub, r, channel, slot) == []  # 2 of 4 left
         client.submit("took", {"n": 3})
-        assert wake_messages_until_marker(pubsub, r, channel) == ["took took live 3 -1 1 1"]
+        assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 3 -1 1 1"]
         # Grants that do not say how many were written (an older dispatcher's): every time.
         grant(r, settings, "took", *["live|40|round-2|50.0|"] * 4)
         client.submit("took", {"n": 4})
-        assert wake_messages_until_marker(pubsub, r, channel) == ["took took live 4 -1 1 3"]
+        assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 4 -1 1 3"]
     finally:
         pubsub.close()
     # The dispatcher takes `left` as it is (several dispatchers' grants or skipped stale ones
