@@ -234,8 +234,8 @@ class ReachClient:
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
                 # (Redis reads a timeout under about 1 ms as 0, which means "block for ever".)
-                pushed = self._redis.blmove(done_key, done_key, max(0.01, min(remaining, _BLOCK_CHUNK_S)),
-                                            "RIGHT", "LEFT")
+                pushed = self._scripts.command("BLMOVE", done_key, done_key, "RIGHT", "LEFT",
+                                               max(0.01, min(remaining, _BLOCK_CHUNK_S)))
                 outage.over()
                 if pushed is not None:
                     done, value = done_outcome(task_id, pushed)

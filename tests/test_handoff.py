@@ -242,6 +242,27 @@ def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(
     assert handle.status().state == "canceled"
 
 
+def test_a_waiter_whose_pooled_connection_was_cut_still_gets_the_result(
+    client: ReachClient, settings: Settings, r: redis.Redis
+) -> None:
+    # result() waits on the done list through the client's own lean exchange, not redis-py's
+    # command path and its retry: a pooled connection that a restart or a proxy cut while it
+    # sat idle must not fail the wait.
+    if connection.is_cluster(r):
+        pytest.skip("on Cluster the wait goes through redis-py's cluster client")
+    bind(r, settings, "cut", "agent")
+    handle = client.submit("cut", {"n": 1})
+    hand(r, settings, "cut", "agent", handle)
+    assert finish_read(r, settings, "cut", "agent").statuses == ("ok",)
+    pool = client._redis.connection_pool
+    pooled = pool.get_connection()
+    pooled.send_command("CLIENT", "ID")
+    connection_id = pooled.read_response()
+    pool.release(pooled)
+    assert r.client_kill_filter(_id=connection_id) == 1
+    assert handle.result(timeout=10) == {}
+
+
 def test_an_idle_agent_gets_new_tasks_straight_from_submit_and_waiters_are_woken(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
