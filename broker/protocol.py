@@ -237,8 +237,7 @@ def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult]
 
 
 def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int) -> ScriptCall:
-    """Replace the capability's grants (`agent|most unread|round|score|low|written`, in order of
-    use; see submit.lua)."""
+    """Replace the capability's grants (`agent|most unread|round|score`, in order of use)."""
     return ScriptCall("grant", [CapabilityKeys(settings.prefix, capability).grants], [ttl_ms, *grants])
 
 

@@ -98,6 +98,9 @@ class CapabilityLoop:
         """The grants standing (agent, low-priority only; sorted), as this dispatcher last
         wrote them."""
         self._granted_until = 0.0
+        self._unsure: set[str] = set()
+        """Agents granted since their inbox loads were last read: submits hand them tasks
+        without telling (see submit.lua), so the next round reads their loads first."""
         self._pulls: list[tuple[str, int, bool]] = []
         """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
         self._pulls_until = 0.0
@@ -137,9 +140,11 @@ class CapabilityLoop:
 
     def on_took(self, taken: int, left: int | None = None) -> None:
         """A submit used grants: route (and grant again) once half of them are gone. `left`:
-        the grants standing after it (submits say so once half are used, see submit.lua)."""
+        the grants standing after it (submits tell when that falls to a power of two or to
+        none, see submit.lua; a producer of the release before tells every hand-off, without)."""
         self._grants_left = left if left is not None else self._grants_left - taken
-        if self._grants_running_low():
+        # (grants all used that this dispatcher did not write: their writer may be gone)
+        if self._grants_running_low() or (left == 0 and not self._grants_written):
             self._wake.set()
 
     def _grants_running_low(self) -> bool:
@@ -384,18 +389,22 @@ class CapabilityLoop:
         health.consecutive_failures = consecutive
         return changed
 
-    async def refresh_loads(self, agent_ids: list[str]) -> None:
-        """Read exact inbox loads (length and pending count) and the agents' health counters."""
+    async def refresh_loads(self, agent_ids: list[str], health: bool = True) -> None:
+        """Read exact inbox loads (length and pending count) and the agents' health counters
+        (health=False: the loads only)."""
         pipe = self.d.redis.pipeline(transaction=False)
-        pipe.hgetall(self.keys.health)
+        if health:
+            pipe.hgetall(self.keys.health)
         for agent_id in agent_ids:
             pipe.xlen(self.keys.inbox(agent_id))
             pipe.xpending(self.keys.inbox(agent_id), "agents")
         replies = await pipe.execute(raise_on_error=False)
-        if isinstance(replies[0], dict):
-            self.health = routing.parse_health(replies[0])
+        if health:
+            if isinstance(replies[0], dict):
+                self.health = routing.parse_health(replies[0])
+            replies = replies[1:]
         for i, agent_id in enumerate(agent_ids):
-            length, pending = replies[1 + 2 * i], replies[2 + 2 * i]
+            length, pending = replies[2 * i], replies[1 + 2 * i]
             running = pending.get("pending", 0) if isinstance(pending, dict) else 0
             self.note_load(agent_id, int(length) if isinstance(length, int) else 0, int(running))
 
@@ -438,6 +447,9 @@ class CapabilityLoop:
 
     async def _route(self) -> int:
         settings = self.d.settings
+        if self._unsure:
+            unsure, self._unsure = sorted(self._unsure), set()
+            await self.refresh_loads(unsure, health=False)
         candidates, filtered = self.candidates()
         if not candidates:
             await self._grant(None)
@@ -516,12 +528,10 @@ class CapabilityLoop:
         if round_ is not None:
             snapshot_id = await self._snapshot(round_)
             by_id = {c.agent_id: c for c in round_.agents}
-            chosen = round_.grants(settings.dispatch_batch)
-            for choice, low_only in chosen:
+            for choice, low_only in round_.grants(settings.dispatch_batch):
                 unread = routing.max_unread(by_id[choice.agent_id], settings)
-                # (the count written lets submit tell when half of them are used)
                 grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
-                              f"{'1' if low_only else ''}|{len(chosen)}")
+                              f"{'1' if low_only else ''}")
                 shape.append((choice.agent_id, low_only))
         shape.sort()
         now = time.monotonic()
@@ -533,6 +543,7 @@ class CapabilityLoop:
         await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms))
         self._grants_written = self._grants_left = len(grants)
         self._granted = shape
+        self._unsure.update(agent_id for agent_id, _ in shape)
         self._granted_until = now + ttl_ms / 3000
 
     async def _pull(self, round_: routing.RoutingRound | None) -> None:

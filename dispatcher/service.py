@@ -10,7 +10,9 @@ task taken by one is skipped by the others. Wake-ups arrive on the `<prefix>:wak
                                         `pulled` ready tasks in their place (standing pull)
     took <cap> <agent> <len> <pending> <n> <left>
                                         a submit handed n tasks straight to the agent (grants),
-                                        leaving `left` grants: sent once half are used
+                                        leaving `left` grants: sent when that falls to a power
+                                        of two or to none (without `left`: by a producer of the
+                                        release before, after every hand-off)
     agent <agent>                       the registry changed
 
 Pub/sub only shortens waits; the idle tick (default 1 s) guarantees progress if a message is

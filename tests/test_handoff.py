@@ -28,6 +28,7 @@ from broker.results import read_events
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
 from dispatcher.capability import CapabilityLoop
+from dispatcher.registry_view import RegistryView
 from dispatcher.routing import Candidate, InboxLoad, RoutingRound
 from dispatcher.service import Dispatcher
 from tests.conftest import Fleet, wait_until
@@ -126,40 +127,46 @@ def wake_messages_until_marker(pubsub: Any, r: redis.Redis, channel: str, slot_k
     raise AssertionError(f"the marker never came back; saw {seen}")
 
 
-def test_submits_wake_the_dispatchers_only_once_half_of_the_grants_are_used(
+def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
     client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
 ) -> None:
     # A hand-off changes nothing a dispatcher must act on while most grants stand: a message
-    # per hand-off woke every dispatcher for nothing. Once half are used, each hand-off says
-    # how many are left, and the dispatcher writes new ones.
+    # per hand-off woke every dispatcher for nothing. Submits say how many grants are left
+    # when that falls to a power of two (or to none); the dispatcher acts below half.
     channel = Channels(prefix).wake
     slot = CapabilityKeys(prefix, "took").queue
     pubsub = r.pubsub()
     pubsub.subscribe(channel)
+
+    def submit_and_hear(n: int) -> list[str]:
+        client.submit("took", {"n": n})
+        return wake_messages_until_marker(pubsub, r, channel, slot)
+
     try:
         bind(r, settings, "took", "live")
-        grant(r, settings, "took", *["live|40|round-1|50.0||4"] * 4)
+        grant(r, settings, "took", *["live|40|round-1|50.0|"] * 8)
         wake_messages_until_marker(pubsub, r, channel, slot)  # (the subscription is in place)
-        client.submit("took", {"n": 1})
-        client.submit("took", {"n": 2})
-        assert wake_messages_until_marker(pubsub, r, channel, slot) == []  # 2 of 4 left
-        client.submit("took", {"n": 3})
-        assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 3 -1 1 1"]
-        # Grants that do not say how many were written (an older dispatcher's): every time.
-        grant(r, settings, "took", *["live|40|round-2|50.0|"] * 4)
-        client.submit("took", {"n": 4})
-        assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 4 -1 1 3"]
+        assert [submit_and_hear(n) for n in (1, 2, 3)] == [[], [], []]  # 7, 6, 5 left
+        assert submit_and_hear(4) == ["took took live 4 -1 1 4"]
+        assert submit_and_hear(5) == []  # 3 left
+        assert submit_and_hear(6) == ["took took live 6 -1 1 2"]
+        # A batch that goes past a power of two says so once, for the agent it fed.
+        client.submit_many("took", [{"n": 7}, {"n": 8}])
+        assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 8 -1 2 0"]
     finally:
         pubsub.close()
-    # The dispatcher takes `left` as it is (several dispatchers' grants or skipped stale ones
-    # make counting its own writes down drift), and routes once fewer than half are left.
+    # The dispatcher takes `left` as it is (skipped stale grants and several dispatchers made
+    # counting hand-offs down drift), and routes once fewer than half of its grants are left.
     dispatcher = Dispatcher(settings)
     loop = dispatcher.loops["took"] = CapabilityLoop(dispatcher, "took")
-    loop._grants_written = loop._grants_left = 4
-    dispatcher.on_wake("took took live 3 -1 1 2")
-    assert loop._grants_left == 2 and not loop._wake.is_set()
-    dispatcher.on_wake("took took live 4 -1 1 1")
-    assert loop._grants_left == 1 and loop._wake.is_set()
+    loop._grants_written = loop._grants_left = 8
+    dispatcher.on_wake("took took live 4 -1 1 4")
+    assert loop._grants_left == 4 and not loop._wake.is_set()
+    dispatcher.on_wake("took took live 6 -1 1 2")
+    assert loop._grants_left == 2 and loop._wake.is_set()
+    # (a producer of the release before tells every hand-off, and the count goes down by it)
+    dispatcher.on_wake("took took live 7 -1 1")
+    assert loop._grants_left == 1
 
 
 def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
@@ -247,7 +254,8 @@ def test_a_waiter_whose_pooled_connection_was_cut_still_gets_the_result(
 ) -> None:
     # result() waits on the done list through the client's own lean exchange, not redis-py's
     # command path and its retry: a pooled connection that a restart or a proxy cut while it
-    # sat idle must not fail the wait.
+    # sat idle must not fail the wait. (The pool finds such a one closed and connects again;
+    # the exchange's one more try is for a connection that breaks during the call.)
     if connection.is_cluster(r):
         pytest.skip("on Cluster the wait goes through redis-py's cluster client")
     bind(r, settings, "cut", "agent")
@@ -311,6 +319,7 @@ def loop_without_service(settings: Settings, capability: str) -> CapabilityLoop:
     d = Dispatcher(settings)
     d.redis = connection.async_client(settings)
     d.scripts = AsyncScripts(d.redis)
+    d.view = RegistryView(settings, d.redis)  # (never refreshed: no agents serve)
     return CapabilityLoop(d, capability)
 
 
@@ -374,3 +383,30 @@ async def test_grants_half_used_are_written_again_by_the_next_round(
         assert r.llen(keys.grants) == full - 1
     finally:
         await loop.d.redis.aclose()
+
+
+@pytest.mark.one_redis
+async def test_the_round_after_a_grant_reads_the_granted_agents_loads_first(
+    make_settings: Any, r: redis.Redis
+) -> None:
+    # Submits hand tasks to granted agents without telling the dispatchers (until the grants
+    # run low): the next round must not size an agent's room, or its new grants, from a load
+    # that leaves out the tasks it was handed meanwhile.
+    settings = make_settings(idle_tick_ms=60_000)
+    loop = loop_without_service(settings, "unsure")
+    now = int(r.time()[0]) * 1000
+    bind(r, settings, "unsure", "unsure-1")
+    producer = ReachClient(settings)
+    try:
+        await loop._grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(0, 0))], settings, now,
+                                       random.Random(1)))
+        assert loop._unsure == {"unsure-1"} and r.llen(CapabilityKeys(settings.prefix, "unsure").grants) >= 4
+        for n in range(3):
+            assert producer.submit("unsure", {"n": n}).status().agent_id == "unsure-1"
+        assert "unsure-1" not in loop.loads  # (nothing told it)
+        await loop._route()
+        assert loop.loads["unsure-1"] == InboxLoad(3, 0) and not loop._unsure
+    finally:
+        producer.close()
+        await loop.d.redis.aclose()
+

@@ -2,7 +2,7 @@
 -- the ready queue is empty (see submit.lua), with the ones a dispatcher's routing round left.
 -- KEYS[1] grants list
 -- ARGV[1] how long the grants stand unless refreshed (ms)   then ARGV[2..] the grants, in the
--- order they are to be used: `agent|most unread entries|round|score|low|written` (see submit.lua)
+-- order they are to be used: `agent|most unread entries|round|score`
 -- Returns the number of grants standing.
 redis.call('DEL', KEYS[1])
 if #ARGV < 2 then return 0 end

@@ -16,21 +16,22 @@
 -- Direct hand-off ("sync match", as Temporal's matching service calls it): while nothing waits
 -- in the ready queue, a task without routing constraints goes straight to an agent's inbox,
 -- taking the next grant a dispatcher left in the grants list. A grant is `agent|most unread
--- entries|round|score|low|written`: the dispatcher orders grants by weighted random choice over
--- the agents' scores and gives an agent no more than its room, so this is the dispatcher's own
+-- entries|round|score|low`: the dispatcher orders grants by weighted random choice over the
+-- agents' scores and gives an agent no more than its room, so this is the dispatcher's own
 -- decision, taken ahead of time. `low` is '1' for a grant of a cold agent (recovered lately),
 -- which only a low-priority task may take; a task of higher priority puts it back at the end.
--- `written`: how many grants that dispatcher wrote (absent from an older dispatcher's grants).
 -- The grant is checked here (token, not draining, inbox below its limit) and skipped when
 -- stale; the list expires unless a dispatcher keeps refreshing it. The inbox's key is built
 -- from data (the other derived name, with done_key): `ARGV[8] .. agent`, in this capability's
 -- slot.
 --
 -- The dispatchers hear of the hand-offs (`took`, with the agents' inbox loads and the grants
--- left) only once half of the grants written are used, which is when they write new ones: a
--- message per hand-off woke every dispatcher for nothing while grants stood. (Their view of an
--- agent's load then lags until its next completion reports the exact one; a grant that
--- overestimates an agent's room is caught here, against the inbox itself.)
+-- left) only when the grants left fall to a power of two or to none: a dispatcher acts once
+-- fewer than half of the grants it wrote are left (it writes new ones, reading the granted
+-- agents' loads first), and a message per hand-off woke every dispatcher for nothing. (The
+-- grants' format is unchanged: producers and dispatchers of the release before still work
+-- together with these; a dispatcher of that release, which counts every hand-off, then
+-- refreshes its grants on its tick instead.)
 --
 -- Returns {'FULL', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
@@ -49,19 +50,17 @@ if depth + n > max_depth then
   return {'FULL', depth}
 end
 -- Tasks go straight to agents only while the queue is empty, so none passes a waiting one.
-local direct_ok = depth == 0 and redis.call('LLEN', grants) > 0
+local granted = depth == 0 and redis.call('LLEN', grants) or 0  -- the grants standing before
+local direct_ok = granted > 0
 
 -- The agent of the next grant a task of this priority may use: {agent, inbox, round, score,
 -- inbox length, inbox pending (-1: not looked at)} or nil.
 local loads = {}
-local written = nil  -- how many grants their dispatcher wrote (nil: not said)
 local function next_grant(priority)
   for _ = 1, 4 do
     local grant = redis.call('LPOP', grants)
     if not grant then return nil end
-    local agent, most, round, score, low, n = string.match(grant,
-      '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
-    if n and n ~= '' then written = tonumber(n) end
+    local agent, most, round, score, low = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
     if agent and low == '1' and priority > low_max then
       redis.call('RPUSH', grants, grant)  -- for a low-priority task that comes later
     elseif agent then
@@ -161,9 +160,11 @@ end
 if direct > 0 then
   redis.call('HINCRBY', KEYS[7], 'dispatched', direct)
   redis.call('HINCRBY', KEYS[7], 'direct', direct)
-  -- Half of the grants used (or not known how many were written): time for new ones.
+  -- Tell when the grants left fell to a power of two or past one, or to none.
   local left = redis.call('LLEN', grants)
-  if not written or left * 2 < written then
+  local p = 1
+  while p * 2 < granted do p = p * 2 end  -- the largest power of two below the grants before
+  if left == 0 or p >= left then
     for agent, load in pairs(loads) do
       redis.call('PUBLISH', ARGV[5] .. 'wake', 'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] ..
         ' ' .. load[2] .. ' ' .. load[3] .. ' ' .. left)
