@@ -265,7 +265,7 @@ def test_progress_of_an_attempt_that_outlived_its_timeout_is_not_taken_for_the_n
 @pytest.mark.one_redis
 @pytest.mark.parametrize("handler", ["hangs_sync", "ignores_cancel"])
 def test_a_worker_whose_every_slot_is_held_by_handlers_that_never_stop_hands_back_and_exits(
-    client: ReachClient, fleet: Fleet, handler: str
+    client: ReachClient, fleet: Fleet, handler: str, r: Any, prefix: str
 ) -> None:
     # Python cannot stop a thread (nor a coroutine that swallows its cancellation): the slot of
     # such a handler stays taken. Once they hold every slot, the worker can run nothing: it
@@ -273,11 +273,15 @@ def test_a_worker_whose_every_slot_is_held_by_handlers_that_never_stop_hands_bac
     # for its supervisor to start a fresh process.
     fleet.dispatcher()
     stuck = fleet.worker("stuck", handler=f"tests.handlers:{handler}", concurrency=2)
-    hung = [client.submit("stuck", {"hang": True}, timeout_s=0.5, max_attempts=1) for _ in range(2)]
+    # The idle worker's grants (its two slots and one to prefetch) take all three tasks of one
+    # submit into its inbox at once: the first two take both slots and never stop; the third
+    # waits there, unread. (Sent one by one, the third would stay queued: a dispatcher gives
+    # nothing more to an agent whose every slot is busy and whose speed it does not know.)
+    wait_until(lambda: r.llen(CapabilityKeys(prefix, "stuck").grants) >= 3, message="grants")
+    *hung, waiting = client.submit_many(
+        "stuck", [{"hang": True}, {"hang": True}, {"n": "waiting"}], timeout_s=0.5, max_attempts=1)
     for handle in hung:
         wait_state(client, handle.task_id, "running")
-    # Both slots are busy: this one waits, unread, in the stuck worker's inbox.
-    waiting = client.submit("stuck", {"n": "waiting"})
     status = wait_state(client, waiting.task_id, "dispatched")
     assert status.agent_id == stuck.agent_id
     assert stuck.wait(timeout=60) == 1
