@@ -70,13 +70,7 @@ class Scripts:
         gets one more try on a fresh one, as redis-py's own retry gave it; callers that ride
         out longer outages do so themselves (ReachClient._write). (Not a timeout: the call may
         still be running.)"""
-        args = evalsha_command(sha, call)
-        if self._cluster:
-            return self._client.execute_command(*args)
-        try:
-            return self._exchange(args)
-        except redis.exceptions.ConnectionError:
-            return self._exchange(args)
+        return self.command(*evalsha_command(sha, call))
 
     def command(self, *args: Any) -> Any:
         """One plain command sent the lean way of _evalsha (a lost pooled connection gets one
