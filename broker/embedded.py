@@ -35,7 +35,8 @@ class EmbeddedRedis:
     """A private redis-server process. `appendonly` makes it survive its own restarts."""
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
-                 extra_args: list[str] | None = None) -> None:
+                 extra_args: list[str] | None = None, binary: str | None = None) -> None:
+        self.binary = binary or redis_server_binary()
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="reach-redis-"))
         self.appendonly = appendonly
@@ -49,7 +50,7 @@ class EmbeddedRedis:
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         self.dir.mkdir(parents=True, exist_ok=True)
         args = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.dir), "--save", "", "--daemonize", "no",
             "--maxmemory-policy", "noeviction", "--logfile", str(self.dir / "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",

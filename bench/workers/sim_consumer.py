@@ -63,14 +63,14 @@ def main() -> None:
         reply = r.xreadgroup(AGENT_GROUP, "sim", streams, count=200, block=100)
         if not reply:
             continue
-        keys: list[str] = []
+        read_from: list[str] = []
         argv: list[Any] = [wake, args.cap]
         total = 0
         for stream, entries in reply:
-            keys.append(stream)
+            read_from.append(stream)
             argv += [stream.rsplit(":inbox:", 1)[1], len(entries), *(entry_id for entry_id, _ in entries)]
             total += len(entries)
-        free(keys=keys, args=argv)
+        free(keys=read_from, args=argv)
         span.mark(0, total)
 
 
