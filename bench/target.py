@@ -77,6 +77,8 @@ class Target:
         return {
             "redis_version": server.get("redis_version"),
             "embedded": self.owned,
+            # (the binary it was started from, when the harness started it)
+            "server": self.embedded.binary if self.embedded is not None else None,
             "url": _redact(self.url),
             "appendonly": self.r.info("persistence").get("aof_enabled"),
         }
