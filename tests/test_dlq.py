@@ -22,8 +22,7 @@ import redis
 from typer.testing import CliRunner
 
 import dlq_tools
-from broker import BadInput, ReachClient, Settings, TaskHandle, protocol
-from broker.errors import TaskFailed
+from broker import BadInput, ReachClient, Settings, TaskFailed, TaskHandle, protocol
 from broker.keys import AGENT_GROUP, DISPATCH_GROUP, CapabilityKeys, RegistryKeys
 from broker.registry import server_ms
 from broker.results import read_events

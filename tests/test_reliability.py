@@ -530,8 +530,8 @@ def replace_a_worker(fleet: Fleet, workers: list[Any], rng: Any, capability: str
 def test_killing_random_workers_while_5000_tasks_flow(request: pytest.FixtureRequest, make_settings: Any,
                                                       fleet: Fleet, r: redis.Redis, prefix: str) -> None:
     if request.node.callspec.params.get("redis_url") == "system":
-        pytest.skip("the chaos load test runs on the session's own Redis and Cluster, not again "
-                    "on the system Redis")
+        pytest.skip("the chaos load test runs once per Redis the session starts or is given "
+                    "(REDIS_URL), not again on the system Redis")
     import random
 
     settings = make_settings(lease_ms=1500, suspect_after_ms=1000, offline_after_ms=2000)
