@@ -93,8 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.redis_url:
             parser.error("--redis-server starts a private Redis, so it cannot go with --redis-url "
                          "or $REDIS_URL (unset it)")
-        found = shutil.which(args.redis_server)  # (a path, or a name on PATH)
-        if found is None or not os.path.isfile(found):
+        # (a path, or a name on PATH; which() refuses directories and files one cannot run)
+        found = shutil.which(args.redis_server)
+        if found is None:
             parser.error(f"--redis-server {args.redis_server!r} is not an executable file")
         args.redis_server = found
     return args
