@@ -66,6 +66,9 @@ def render(result: dict[str, Any]) -> str:
                        f"{fmt(d['decisions_per_s'])} (dispatcher CPU {fmt(util * 100 if util else None)}%) |")
             out.append(f"| … per dispatcher CPU-second / routing code alone per CPU-second | "
                        f"{fmt(d['decisions_per_cpu_s'])} / {fmt(d['routing_code_decisions_per_cpu_s'])} |")
+            if d.get("decisions_per_s_read") is not None:
+                out.append(f"| … with stand-in agents reading through the group | "
+                           f"{fmt(d['decisions_per_s_read'])} |")
         mem = ro.get("memory")
         if mem:
             out.append(f"| Redis bytes per queued task beyond its payload ({mem['queued']:,} queued) | "

@@ -116,6 +116,9 @@ def reach_only_summary(extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, 
                 "decisions_per_cpu_s": _med(runs, "decisions_per_cpu_s"),
                 "routing_code_decisions_per_cpu_s": _med(
                     dispatch["routing_code"].get(agents, []), "decisions_per_cpu_s"),
+                # (runs of an older harness have no such figure)
+                "decisions_per_s_read": _med(
+                    (dispatch.get("process_read") or {}).get(agents, []), "decisions_per_s"),
             }
             for agents, runs in dispatch["process"].items()
         }
@@ -261,6 +264,7 @@ def reach_only_table(ro: dict[str, Any]) -> Table:
                   f"{fmt(d['decisions_per_s'])} (CPU {fmt(util * 100 if util else None)}%)")
         t.add_row("  per dispatcher CPU-second", fmt(d["decisions_per_cpu_s"]))
         t.add_row("  routing code alone, per CPU-second", fmt(d["routing_code_decisions_per_cpu_s"]))
+        t.add_row("  with stand-in agents reading through the group", fmt(d.get("decisions_per_s_read")))
     mem = ro.get("memory")
     if mem:
         t.add_row(f"Redis bytes per queued task beyond payload ({mem['queued']:,} queued)",

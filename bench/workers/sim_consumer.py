@@ -1,18 +1,28 @@
 """Stands in for a fleet of agents while the dispatcher is measured: drains their inboxes.
 
-For every inbox (one per simulated agent) it reads new entries through the `agents` group and,
-in one small script per read (every inbox it read from), acknowledges and deletes them and
-publishes for each inbox the same `free <cap> <agent> <len> <pending>` wake-up that Reach's
-complete script sends, so the dispatcher sees the capacity come back exactly as with real
-workers. It runs no tasks and is kept cheap: it stands in for agents on other machines, while
-the dispatcher is what is measured.
+It runs no tasks, and whatever it does costs the Redis the dispatcher is measured against (and,
+on two cores, the core that Redis runs on), so there are two ways to be that fleet:
 
-    python -m bench.workers.sim_consumer --url URL --prefix P --cap sim --agents 100
+- `read`: every inbox is read through the `agents` group, as an agent reads it (one
+  `XREADGROUP` over all the inboxes), and one small script per read acknowledges and deletes
+  what was read and sends each inbox's `free <cap> <agent> <len> <pending>` wake-up, as Reach's
+  complete script does (sim_read_free.lua).
+- `trim`: agents that finish every task the moment it arrives. The consumer follows the
+  capability's event feed (one `XREAD` of one stream), where every dispatch call writes a line
+  per task it handed off, naming the agent; then one script empties those inboxes and sends
+  their `free` wake-ups (sim_trim_free.lua). Every 100 ms without a dispatch it empties every
+  inbox anyway, so that a feed line it missed cannot leave an inbox full.
+
+Either way the dispatcher sees the capacity come back as it does with real workers: the same
+wake-ups, inbox lengths that fall to what is left.
+
+    python -m bench.workers.sim_consumer --url URL --prefix P --cap sim --agents 100 --mode trim
 """
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -20,26 +30,63 @@ import redis
 from bench.workers.control import Control, Span
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 
-# KEYS: the inboxes read from; ARGV[1] wake channel, ARGV[2] capability, then per inbox: its
-# agent id, its entry count k, then its k entry ids. (Everything read is acknowledged, so
-# nothing stays pending.)
-FREE = """
-local a = 3
-for i = 1, #KEYS do
-  local agent, k = ARGV[a], tonumber(ARGV[a + 1])
-  local ids = {unpack(ARGV, a + 2, a + 1 + k)}
-  redis.call('XACK', KEYS[i], 'agents', unpack(ids))
-  redis.call('XDEL', KEYS[i], unpack(ids))
-  local len = redis.call('XLEN', KEYS[i])
-  redis.call('PUBLISH', ARGV[1], 'free ' .. ARGV[2] .. ' ' .. agent .. ' ' .. len .. ' 0')
-  a = a + 2 + k
-end
-return #KEYS
-"""
+HERE = Path(__file__).parent
+MODES = ("read", "trim")
+SWEEP_AFTER_MS = 100
 
 
 def agent_ids(count: int) -> list[str]:
     return [f"sim-{i:05d}" for i in range(count)]
+
+
+def dispatched_to(events: str) -> set[str]:
+    """The agents named by the `dispatched` lines of one feed entry (`id|seq|type|time|attempt|
+    agent|data`, see broker/lua/_lib.lua)."""
+    agents = set()
+    for line in events.split("\n"):
+        parts = line.split("|", 6)
+        if len(parts) == 7 and parts[2] == "dispatched":
+            agents.add(parts[5])
+    return agents
+
+
+def read_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: list[str],
+                  control: Control, span: Span) -> None:
+    free = r.register_script((HERE / "sim_read_free.lua").read_text())
+    streams = {keys.inbox(agent): ">" for agent in agents}
+    while not control.stop.is_set():
+        reply = r.xreadgroup(AGENT_GROUP, "sim", streams, count=200, block=100)
+        if not reply:
+            continue
+        read_from: list[str] = []
+        argv: list[Any] = [wake, cap]
+        total = 0
+        for stream, entries in reply:
+            read_from.append(stream)
+            argv += [stream.rsplit(":inbox:", 1)[1], len(entries), *(entry_id for entry_id, _ in entries)]
+            total += len(entries)
+        free(keys=read_from, args=argv)
+        span.mark(0, total)
+
+
+def trim_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: list[str],
+                  control: Control, span: Span) -> None:
+    trim = r.register_script((HERE / "sim_trim_free.lua").read_text())
+    newest = r.xrevrange(keys.events, count=1)
+    last = newest[0][0] if newest else "0-0"  # (what came before the dispatcher is not ours)
+    while not control.stop.is_set():
+        reply = r.xread({keys.events: last}, count=100, block=SWEEP_AFTER_MS)
+        if reply:
+            touched: set[str] = set()
+            for entry_id, fields in reply[0][1]:
+                last = entry_id
+                touched |= dispatched_to(fields.get("events", ""))
+            targets = sorted(touched)
+        else:
+            targets = agents
+        if targets:
+            removed = trim(keys=[keys.inbox(agent) for agent in targets], args=[wake, cap, *targets])
+            span.mark(0, int(removed))
 
 
 def main() -> None:
@@ -48,30 +95,18 @@ def main() -> None:
     parser.add_argument("--prefix", required=True)
     parser.add_argument("--cap", required=True)
     parser.add_argument("--agents", type=int, required=True)
+    parser.add_argument("--mode", choices=MODES, default="read")
     args = parser.parse_args()
     r: Any = redis.Redis.from_url(args.url, decode_responses=True)
     keys = CapabilityKeys(args.prefix, args.cap)
     wake = Channels(args.prefix).wake
-    streams = {keys.inbox(agent): ">" for agent in agent_ids(args.agents)}
-    free = r.register_script(FREE)
     span = Span()
     control = Control(span)
     r.ping()
     control.ready()
     control.go.wait()
-    while not control.stop.is_set():
-        reply = r.xreadgroup(AGENT_GROUP, "sim", streams, count=200, block=100)
-        if not reply:
-            continue
-        read_from: list[str] = []
-        argv: list[Any] = [wake, args.cap]
-        total = 0
-        for stream, entries in reply:
-            read_from.append(stream)
-            argv += [stream.rsplit(":inbox:", 1)[1], len(entries), *(entry_id for entry_id, _ in entries)]
-            total += len(entries)
-        free(keys=read_from, args=argv)
-        span.mark(0, total)
+    drain = read_and_free if args.mode == "read" else trim_and_free
+    drain(r, keys, wake, args.cap, agent_ids(args.agents), control, span)
 
 
 if __name__ == "__main__":
