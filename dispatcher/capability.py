@@ -46,6 +46,9 @@ ROUND_TASKS_PER_AGENT = 4
 MAX_ROUND_TASKS = 4096
 """A round with many agents takes up to ROUND_TASKS_PER_AGENT ready tasks per eligible agent
 (at most MAX_ROUND_TASKS), not just dispatch_batch."""
+PIPELINE_MIN_TASKS = 512
+"""A round that hands off at least this many tasks and leaves ready tasks behind does not wait
+for its dispatch calls: the next round is routed while Redis runs them (see _route)."""
 ROUND_GATHER_S = 0.001
 """A round that completions call for waits this long first, so that the completions of a burst
 make one round (one round trip) instead of one each; new tasks and registry changes do not."""
@@ -104,6 +107,14 @@ class CapabilityLoop:
         self._pulls: list[tuple[str, int, bool]] = []
         """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
         self._pulls_until = 0.0
+        self._inflight: asyncio.Task[list[protocol.DispatchResult]] | None = None
+        """The dispatch calls of the last round, sent and not yet answered (see _route)."""
+        self._inflight_batches: list[protocol.AgentBatch] = []
+        self._inflight_ids: frozenset[str] = frozenset()
+        """The tasks those calls hand off: still in the queue until Redis runs them, so a read
+        of the queue meanwhile passes over them."""
+        self._inflight_rerouted = False
+        self.pipelined_rounds = 0
         self.dispatched = 0
         self.reroutes = 0
         self.total_reroutes = 0
@@ -169,6 +180,13 @@ class CapabilityLoop:
         self.speed[agent_id] = mean if before is None else 0.8 * before + 0.2 * mean
 
     async def run(self) -> None:
+        try:
+            await self._run()
+        finally:
+            if self._inflight is not None:
+                self._inflight.cancel()  # (its calls are atomic: each ran whole or not at all)
+
+    async def _run(self) -> None:
         backoff = 0.1
         while True:
             self._wake.clear()
@@ -416,7 +434,10 @@ class CapabilityLoop:
         if offset == 0 and self._head is not None and (self._head_whole or len(self._head) >= want):
             head = self._head[:want]  # what the last dispatch call saw at the queue's front
         else:
-            head = await r.zrange(self.keys.queue, offset, offset + want - 1, withscores=True)
+            skip = self._inflight_ids
+            head = await r.zrange(self.keys.queue, offset, offset + want + len(skip) - 1, withscores=True)
+            if skip:
+                head = [entry for entry in head if entry[0] not in skip][:want]
         self._head = None
         if not head:
             return []
@@ -452,9 +473,10 @@ class CapabilityLoop:
             await self.refresh_loads(unsure, health=False)
         candidates, filtered = self.candidates()
         if not candidates:
+            settled, _ = await self._settle()
             await self._grant(None)
             await self._pull(None)
-            return 0
+            return settled
         now = self.d.view.now_ms()
         round_ = routing.RoutingRound(candidates, settings, now, self._rng, self.probes, filtered)
         # Setting a round up costs time per agent, and so does each agent's part of a dispatch
@@ -472,7 +494,7 @@ class CapabilityLoop:
         # entries of the queue (a longer such front is left for the tasks' deadlines or the
         # no-agent timeout).
         choices: list[tuple[routing.ReadyTask, routing.Choice]] = []
-        seen = 0
+        seen = settled = 0
         while True:
             seen += len(tasks)
             for task in tasks:
@@ -482,8 +504,16 @@ class CapabilityLoop:
             if drained or len(choices) >= want or round_.capacity <= 0 or seen >= MAX_ROUND_TASKS:
                 break
             more = min(want, MAX_ROUND_TASKS - seen)
+            moved, _ = await self._settle()  # (the offset counts the queue without those calls)
+            settled += moved
             tasks = await self._ready_tasks(more, offset=seen)
             drained = len(tasks) < more
+        if drained and self._inflight is not None:
+            # The calls in flight may leave tasks in the queue (an inbox filled up meanwhile):
+            # it is empty only if they left none.
+            moved, left = await self._settle()
+            settled += moved
+            drained = left == 0
         if drained:
             self._maybe_queued = False
         # Agents pull only while tasks wait (an empty queue has grants instead): a completion
@@ -491,8 +521,9 @@ class CapabilityLoop:
         await self._pull(round_ if self._maybe_queued else None)
         grant_round = round_ if drained or want <= 0 else None
         if not choices:
+            moved, _ = await self._settle()
             await self._grant(grant_round)
-            return 0
+            return settled + moved
         snapshot_id = await self._snapshot(round_)
         plan: dict[str, list[tuple[str, str]]] = {}
         for task, choice in choices:
@@ -501,19 +532,69 @@ class CapabilityLoop:
         by_id = {c.agent_id: c for c in candidates}
         batches = [protocol.AgentBatch(agent_id, routing.max_unread(by_id[agent_id], settings), items)
                    for agent_id, items in plan.items()]
-        progressed = dispatched = 0
-        for batch, result in zip(batches, await self._dispatch(batches), strict=True):
-            self.note_load(batch.agent_id, result.inbox_len, result.inbox_pending)
-            dispatched += result.dispatched
-            progressed += result.dispatched + result.expired + result.taken
-            self.reroutes += result.left  # the inbox filled up meanwhile: they go elsewhere
-        self.dispatched += dispatched
-        if dispatched and round_.reroutes:
-            self.reroutes += dispatched  # routed past agents whose inbox was full
+        moved, _ = await self._settle()  # (one round's calls in flight at most: they keep their order)
+        settled += moved
+        if not drained and len(choices) >= PIPELINE_MIN_TASKS:
+            # Tasks are left and the round was big: while Redis runs these calls, the next
+            # round is routed (routing and Redis take turns otherwise, each idle half the time).
+            # That round counts these tasks in their agents' loads and passes over them in the
+            # queue; their replies, read before its own calls go out, give the exact loads.
+            # dispatch.lua checks every hand-off itself, so a round routed on that view can
+            # only find a task taken or an inbox full, never deliver a task twice.
+            self._send(batches, round_.reroutes > 0)
+            await asyncio.sleep(0)  # (the calls go out now, not once this step is over)
+            return settled + len(choices)
+        progressed, _ = self._note_results(batches, await self._dispatch(batches), round_.reroutes > 0)
         await self._count()
         if grant_round is not None:
             await self._grant(grant_round)
-        return progressed
+        return settled + progressed
+
+    def _note_results(self, batches: list[protocol.AgentBatch], results: list[protocol.DispatchResult],
+                      rerouted: bool) -> tuple[int, int]:
+        """Take in what a round's dispatch calls did: the agents' exact loads, the counts.
+        Returns the tasks that moved (dispatched, expired, or found taken already) and those
+        left in the queue (their agent's inbox was full)."""
+        progressed = dispatched = left = 0
+        for batch, result in zip(batches, results, strict=True):
+            self.note_load(batch.agent_id, result.inbox_len, result.inbox_pending)
+            dispatched += result.dispatched
+            progressed += result.dispatched + result.expired + result.taken
+            left += result.left
+        self.reroutes += left  # the inbox filled up meanwhile: they go elsewhere
+        self.dispatched += dispatched
+        if dispatched and rerouted:
+            self.reroutes += dispatched  # routed past agents whose inbox was full
+        return progressed, left
+
+    def _send(self, batches: list[protocol.AgentBatch], rerouted: bool) -> None:
+        """Start a round's dispatch calls without waiting for them (see _route and _settle);
+        until their replies tell, their tasks count in their agents' loads."""
+        self._inflight = asyncio.ensure_future(self._dispatch(batches, last=False))
+        self._inflight_batches = batches
+        self._inflight_rerouted = rerouted
+        self._inflight_ids = frozenset(item if isinstance(item, str) else item[0]
+                                       for batch in batches for item in batch.tasks)
+        for batch in batches:
+            before = self.loads.get(batch.agent_id) or routing.InboxLoad()
+            self.loads[batch.agent_id] = routing.InboxLoad(before.outstanding + len(batch.tasks),
+                                                           before.running)
+        self.pipelined_rounds += 1
+        log.debug("%s: %d tasks in flight while the next round is routed", self.capability,
+                  len(self._inflight_ids))
+
+    async def _settle(self) -> tuple[int, int]:
+        """Read the replies of the dispatch calls in flight, if any, and take them in. Returns
+        the tasks they moved and those they left queued. (An error of theirs is raised here:
+        the step fails and is retried.)"""
+        inflight = self._inflight
+        if inflight is None:
+            return 0, 0
+        batches, rerouted = self._inflight_batches, self._inflight_rerouted
+        self._inflight, self._inflight_batches, self._inflight_ids = None, [], frozenset()
+        out = self._note_results(batches, await inflight, rerouted)
+        await self._count()
+        return out
 
     async def _grant(self, round_: routing.RoutingRound | None) -> None:
         """Leave the round's remaining room as grants, in weighted random order (or clear the
@@ -570,7 +651,8 @@ class CapabilityLoop:
         self._pulls = shape
         self._pulls_until = now + ttl_ms / 3000
 
-    async def _dispatch(self, batches: list[protocol.AgentBatch]) -> list[protocol.DispatchResult]:
+    async def _dispatch(self, batches: list[protocol.AgentBatch],
+                        last: bool = True) -> list[protocol.DispatchResult]:
         """Run a round's hand-offs: one dispatch call per DISPATCH_CALL_TASKS tasks (several
         agents each), all in one round trip. Each call is atomic on its own and short, so Redis
         never stalls on one. A call whose script Redis did not have yet is run again alone,
@@ -590,7 +672,9 @@ class CapabilityLoop:
         if group:
             groups.append(group)
         # The last call also returns the front of the queue it leaves, for the next round.
-        peek = min(self.d.settings.dispatch_batch, max(PEEK_MIN, 2 * sum(len(b.tasks) for b in batches)))
+        peek = 0
+        if last:  # (a call in flight while the next round is routed: that round reads the queue)
+            peek = min(self.d.settings.dispatch_batch, max(PEEK_MIN, 2 * sum(len(b.tasks) for b in batches)))
         calls = [protocol.dispatch_call(self.d.settings, self.capability, g,
                                         peek if i == len(groups) - 1 else 0)
                  for i, g in enumerate(groups)]
@@ -599,7 +683,7 @@ class CapabilityLoop:
         for group, reply in zip(groups, await self.d.scripts.run_all(calls), strict=True):
             results, peeked = protocol.parse_dispatch(reply, len(group))
             out += results
-        if gen == self._head_gen:  # (else the queue changed meanwhile: read it next time)
+        if peek and gen == self._head_gen:  # (else the queue changed meanwhile: read it next time)
             self._head, self._head_whole = peeked, len(peeked) < peek
         return out
 

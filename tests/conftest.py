@@ -280,8 +280,8 @@ class Fleet:
         return proc
 
     def dispatcher(self, *capabilities: str, settings: Settings | None = None,
-                   env: dict[str, str] | None = None) -> Proc:
-        argv = [sys.executable, "-m", "reach_cli", "dispatcher", "--log-level", "INFO"]
+                   env: dict[str, str] | None = None, log_level: str = "INFO") -> Proc:
+        argv = [sys.executable, "-m", "reach_cli", "dispatcher", "--log-level", log_level]
         for capability in capabilities:
             argv += ["--capability", capability]
         return self._spawn("dispatcher", argv, settings, env)

@@ -6,6 +6,7 @@ The fleet test runs at a smoke size by default; `pytest -m soak` runs the full s
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import subprocess
@@ -78,6 +79,53 @@ def test_three_dispatchers_killed_at_random_lose_nothing_and_run_nothing_twice(
     # work (no leader holds it) and that a killed one's work went on with the others.
     assert len(by_dispatcher) >= 2, f"one dispatcher did it all: {by_dispatcher}"
     assert placed + pulled == len(handles)
+
+
+def test_big_rounds_in_flight_when_their_dispatcher_dies_lose_nothing_and_hand_nothing_off_twice(
+    settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, tmp_path: Any
+) -> None:
+    # 200 simulated agents on one capability: rounds of 800 tasks, each routed while the last
+    # one's dispatch calls are in flight (capability.PIPELINE_MIN_TASKS), and dispatchers
+    # SIGKILLed at random meanwhile, with calls sent and their replies unread.
+    rng = random.Random(11)
+    log = open(tmp_path / "sim.log", "w")  # noqa: SIM115
+    sim = subprocess.Popen([sys.executable, "-m", "tests.sim_fleet", "--agents", "200",
+                            "--capabilities", "1"], env=settings_env(settings), cwd=ROOT,
+                           stdout=subprocess.PIPE, stderr=log, text=True)
+    try:
+        assert sim.stdout is not None
+        assert json.loads(sim.stdout.readline())["ready"] == 200
+        capability = capability_of(0, 1)
+        with ReachClient(settings) as client:
+            handles = client.submit_many(capability, [{"i": i} for i in range(30_000)])
+        keys = CapabilityKeys(prefix, capability)
+        dispatchers = [fleet.dispatcher(log_level="DEBUG") for _ in range(2)]
+        kills = 0
+        while r.zcard(keys.queue) > 0 and kills < 8:
+            # Kill one the moment it has calls in flight (or after a short while anyway).
+            victim = rng.choice([d for d in dispatchers if d.popen.poll() is None])
+            seen = victim.output().count("in flight while the next round")
+            with contextlib.suppress(AssertionError):
+                wait_until(lambda v=victim, n=seen: v.output().count("in flight while the next round") > n,
+                           timeout=0.5, interval=0.005)
+            victim.kill()
+            kills += 1
+            dispatchers.append(fleet.dispatcher(log_level="DEBUG"))
+        for h in handles:
+            h.result(timeout=120)
+    finally:
+        sim.terminate()
+        sim.wait(10)
+        log.close()
+    assert kills >= 2, "the queue drained before the dispatchers could be killed mid-round"
+    assert sum(d.output().count("in flight while the next round") for d in dispatchers) > 0
+    pipe = r.pipeline(transaction=False)
+    for h in handles:
+        pipe.hmget(keys.task(h.task_id.split(":")[1]), "state", "attempt", "fence")
+    records = Counter(tuple(row) for row in pipe.execute())
+    # Succeeded, in one attempt, handed off once (fence 1): no dispatcher's death, however
+    # its round was caught, led to a second hand-off.
+    assert records == Counter({("succeeded", "1", "1"): len(handles)}), records.most_common(5)
 
 
 def _fleet_run(settings: Settings, tmp: Any, agents: int, capabilities: int, tasks: int) -> dict[str, Any]:

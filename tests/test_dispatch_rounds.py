@@ -1,0 +1,95 @@
+"""A dispatcher's big rounds on a real Redis: a round routed while the last one's dispatch calls
+are still in flight (capability.PIPELINE_MIN_TASKS) hands every task off once, loses none, and
+ends with the agents' exact inbox loads."""
+
+from __future__ import annotations
+
+from collections import Counter
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from bench.dispatch_bench import CAP, SimulatedAgents
+from broker import ReachClient
+from broker.keys import CapabilityKeys
+from broker.settings import Settings
+from dispatcher import capability
+from dispatcher.capability import CapabilityLoop
+from tests.conftest import sync_redis
+from tests.test_handoff import loop_without_service
+
+pytestmark = pytest.mark.one_redis
+
+AGENTS = 200  # 4 tasks each per round: rounds of 800, above PIPELINE_MIN_TASKS
+TASKS = 2_000
+
+
+async def route_until_idle(loop: CapabilityLoop) -> None:
+    """Rounds as the dispatch loop makes them while they move tasks (bounded, never forever)."""
+    for _ in range(50):
+        if not await loop._route():
+            return
+    raise AssertionError("the rounds kept moving tasks 50 times over: they should be done")
+
+
+def inbox_entries(r: Any, keys: CapabilityKeys, agent_ids: list[str]) -> dict[str, list[str]]:
+    return {agent: [fields["id"] for _, fields in r.xrange(keys.inbox(agent))] for agent in agent_ids}
+
+
+@pytest.mark.parametrize("interloper", [False, True], ids=["alone", "inbox-filled-meanwhile"])
+async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
+    redis_url: str, settings: Settings, interloper: bool
+) -> None:
+    r = sync_redis(redis_url)
+    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, AGENTS)
+    sim.register()
+    sim.stop()  # (one heartbeat: the rounds below take well under suspect_after_ms)
+    keys = CapabilityKeys(settings.prefix, CAP)
+    with ReachClient(settings) as client:
+        handles = client.submit_many(CAP, [{"i": i} for i in range(TASKS)])
+    task_ids = [h.task_id.split(":", 1)[1] for h in handles]
+    loop = loop_without_service(settings, CAP)
+    await loop.d.view.refresh()
+    assert len(loop.candidates()[0]) == AGENTS
+    sent = []
+    send = loop._send
+
+    def watch_send(batches: Any, rerouted: bool) -> None:
+        sent.append(sum(len(b.tasks) for b in batches))
+        send(batches, rerouted)
+        if interloper and len(sent) == 1:
+            # Something else fills one agent's inbox to its limit before these calls run:
+            # dispatch.lua leaves that agent's tasks in the queue, and a later round places them.
+            agent = batches[0].agent_id
+            for n in range(batches[0].max_unread):
+                r.xadd(keys.inbox(agent), {"id": f"other-{n}"})
+
+    loop._send = watch_send  # type: ignore[method-assign]
+    try:
+        await route_until_idle(loop)
+        if interloper:
+            # The full inbox frees up (its agent finished the interloper's entries).
+            full = next(a for a in sim.ids if r.xlen(keys.inbox(a)) >= settings.backlog_factor * 8)
+            r.xtrim(keys.inbox(full), maxlen=0)
+            loop.note_load(full, 0, 0)
+            await route_until_idle(loop)
+        assert loop._inflight is None
+    finally:
+        await loop.d.redis.aclose()
+    assert sent and all(n >= capability.PIPELINE_MIN_TASKS for n in sent), sent
+    assert loop.pipelined_rounds == len(sent) >= 2
+    entries = inbox_entries(r, keys, sim.ids)
+    handed = Counter(task for ids in entries.values() for task in ids if not task.startswith("other-"))
+    assert set(handed) == set(task_ids) and set(handed.values()) == {1}
+    assert r.zcard(keys.queue) == 0
+    pipe = r.pipeline(transaction=False)
+    for task in task_ids:
+        pipe.hmget(keys.task(task), "state", "fence")
+    assert set(map(tuple, pipe.execute())) == {("dispatched", "1")}
+    # The loads the dispatcher goes on with are the inboxes' own, not its optimistic counts.
+    assert {a: loop.loads[a].outstanding for a in sim.ids if a in loop.loads} == {
+        a: len(ids) for a, ids in entries.items() if a in loop.loads}
+    if interloper:
+        assert loop.total_reroutes > 0 or loop.reroutes > 0
+    r.close()
