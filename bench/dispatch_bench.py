@@ -256,13 +256,15 @@ def run(bench: Bench, reps: int) -> dict[str, Any]:
     """`process`: the headline figure, with stand-in agents that finish everything at once and
     cost Redis as little as a stand-in can (`trim`); `process_read`: the same with stand-ins that
     read their inboxes through the group as agents do, which costs Redis's core about as much
-    per task as the dispatch itself (see sim_consumer.py). The two alternate within a repetition."""
+    per task as the dispatch itself (see sim_consumer.py). The two take turns, in ABBA order
+    over the repetitions, so that a drift of the machine hits both alike."""
     out: dict[str, Any] = {"process": {}, "process_read": {}, "routing_code": {}}
     seconds = 0.1 if bench.opts.smoke else 1.0
     for count in bench.sizes.agents:
         runs: dict[str, list[dict[str, Any]]] = {"trim": [], "read": []}
         for rep in range(reps):
-            for stand_in, kept in runs.items():
+            for stand_in in ("trim", "read") if rep % 2 == 0 else ("read", "trim"):
+                kept = runs[stand_in]
                 bench.log(f"dispatcher: {count:,} agents, {bench.sizes.dispatch_tasks:,} tasks, "
                           f"stand-in agents that {STAND_INS[stand_in]} (rep {rep + 1}/{reps})")
                 kept.append(measure_process(bench, count, bench.sizes.dispatch_tasks, stand_in))

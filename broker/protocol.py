@@ -207,6 +207,9 @@ class AgentBatch:
     max_unread: int
     tasks: Sequence[str | tuple[str, str]]
 
+    def local_ids(self) -> list[str]:
+        return [item if isinstance(item, str) else item[0] for item in self.tasks]
+
 
 def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBatch],
                   peek: int = 0) -> ScriptCall:

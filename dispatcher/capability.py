@@ -183,8 +183,12 @@ class CapabilityLoop:
         try:
             await self._run()
         finally:
-            if self._inflight is not None:
-                self._inflight.cancel()  # (its calls are atomic: each ran whole or not at all)
+            inflight = self._inflight
+            if inflight is not None:
+                # (Redis runs calls it has whole or not at all, replies read or not: only the
+                # reading stops here.)
+                inflight.cancel()
+                await asyncio.gather(inflight, return_exceptions=True)
 
     async def _run(self) -> None:
         backoff = 0.1
@@ -431,7 +435,8 @@ class CapabilityLoop:
         its queue score alone (its priority is in the score's fraction); the record is read
         only for tasks with routing constraints (session, region, version, an agent to avoid)."""
         r = self.d.redis
-        if offset == 0 and self._head is not None and (self._head_whole or len(self._head) >= want):
+        if (offset == 0 and self._head is not None and not self._inflight_ids
+                and (self._head_whole or len(self._head) >= want)):
             head = self._head[:want]  # what the last dispatch call saw at the queue's front
         else:
             skip = self._inflight_ids
@@ -504,8 +509,13 @@ class CapabilityLoop:
             if drained or len(choices) >= want or round_.capacity <= 0 or seen >= MAX_ROUND_TASKS:
                 break
             more = min(want, MAX_ROUND_TASKS - seen)
-            moved, _ = await self._settle()  # (the offset counts the queue without those calls)
+            moved, left = await self._settle()  # (the offset counts the queue without those calls)
             settled += moved
+            if left:
+                # Tasks those calls left are in the queue again, ahead of `seen`: the offset is
+                # off by them. The next round reads from the front.
+                drained = False
+                break
             tasks = await self._ready_tasks(more, offset=seen)
             drained = len(tasks) < more
         if drained and self._inflight is not None:
@@ -532,9 +542,12 @@ class CapabilityLoop:
         by_id = {c.agent_id: c for c in candidates}
         batches = [protocol.AgentBatch(agent_id, routing.max_unread(by_id[agent_id], settings), items)
                    for agent_id, items in plan.items()]
+        was_inflight = self._inflight is not None
         moved, _ = await self._settle()  # (one round's calls in flight at most: they keep their order)
         settled += moved
-        if not drained and len(choices) >= PIPELINE_MIN_TASKS:
+        # (Not after calls in flight that moved nothing: their agents took none, e.g. they had
+        # left; the round then waits for its replies, and reports what really moved.)
+        if not drained and len(choices) >= PIPELINE_MIN_TASKS and (moved or not was_inflight):
             # Tasks are left and the round was big: while Redis runs these calls, the next
             # round is routed (routing and Redis take turns otherwise, each idle half the time).
             # That round counts these tasks in their agents' loads and passes over them in the
@@ -568,17 +581,16 @@ class CapabilityLoop:
         return progressed, left
 
     def _send(self, batches: list[protocol.AgentBatch], rerouted: bool) -> None:
-        """Start a round's dispatch calls without waiting for them (see _route and _settle);
-        until their replies tell, their tasks count in their agents' loads."""
+        """Start a round's dispatch calls without waiting for them (see _route and _settle).
+        Until their replies tell, their tasks count in their agents' loads as the round took
+        them (RoutingRound counts each choice in the load it was made from). A load told
+        meanwhile (a `free` or `took` wake-up) may have been read before these calls ran: an
+        agent can then be sent more than it has room for, which dispatch.lua leaves queued
+        for another round."""
         self._inflight = asyncio.ensure_future(self._dispatch(batches, last=False))
         self._inflight_batches = batches
         self._inflight_rerouted = rerouted
-        self._inflight_ids = frozenset(item if isinstance(item, str) else item[0]
-                                       for batch in batches for item in batch.tasks)
-        for batch in batches:
-            before = self.loads.get(batch.agent_id) or routing.InboxLoad()
-            self.loads[batch.agent_id] = routing.InboxLoad(before.outstanding + len(batch.tasks),
-                                                           before.running)
+        self._inflight_ids = frozenset(local for batch in batches for local in batch.local_ids())
         self.pipelined_rounds += 1
         log.debug("%s: %d tasks in flight while the next round is routed", self.capability,
                   len(self._inflight_ids))
@@ -592,7 +604,13 @@ class CapabilityLoop:
             return 0, 0
         batches, rerouted = self._inflight_batches, self._inflight_rerouted
         self._inflight, self._inflight_batches, self._inflight_ids = None, [], frozenset()
-        out = self._note_results(batches, await inflight, rerouted)
+        try:
+            results = await inflight
+        except BaseException:
+            # Whether they ran is not known: the next round reads these agents' loads first.
+            self._unsure.update(batch.agent_id for batch in batches)
+            raise
+        out = self._note_results(batches, results, rerouted)
         await self._count()
         return out
 

@@ -10,8 +10,9 @@ on two cores, the core that Redis runs on), so there are two ways to be that fle
 - `trim`: agents that finish every task the moment it arrives. The consumer follows the
   capability's event feed (one `XREAD` of one stream), where every dispatch call writes a line
   per task it handed off, naming the agent; then one script empties those inboxes and sends
-  their `free` wake-ups (sim_trim_free.lua). Every 100 ms without a dispatch it empties every
-  inbox anyway, so that a feed line it missed cannot leave an inbox full.
+  their `free` wake-ups (sim_trim_free.lua). Every 100 ms it empties every inbox anyway, so
+  that a feed line it missed (trimmed from the feed before it read it) cannot leave an inbox
+  full for long. (It needs the feed: event_feed_maxlen > 0, the default.)
 
 Either way the dispatcher sees the capacity come back as it does with real workers: the same
 wake-ups, inbox lengths that fall to what is left.
@@ -22,6 +23,7 @@ wake-ups, inbox lengths that fall to what is left.
 from __future__ import annotations
 
 import argparse
+import time
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 
 HERE = Path(__file__).parent
 MODES = ("read", "trim")
-SWEEP_AFTER_MS = 100
+SWEEP_EVERY_S = 0.1
 
 
 def agent_ids(count: int) -> list[str]:
@@ -41,7 +43,8 @@ def agent_ids(count: int) -> list[str]:
 
 def dispatched_to(events: str) -> set[str]:
     """The agents named by the `dispatched` lines of one feed entry (`id|seq|type|time|attempt|
-    agent|data`, see broker/lua/_lib.lua)."""
+    agent|data`, see broker/lua/_lib.lua). (broker/results.py's feed_events reads the same lines
+    into whole events, JSON data included: more than a stand-in that must stay cheap needs.)"""
     agents = set()
     for line in events.split("\n"):
         parts = line.split("|", 6)
@@ -51,7 +54,7 @@ def dispatched_to(events: str) -> set[str]:
 
 
 def read_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: list[str],
-                  control: Control, span: Span) -> None:
+                  control: Control, span: Span, start: str) -> None:
     free = r.register_script((HERE / "sim_read_free.lua").read_text())
     streams = {keys.inbox(agent): ">" for agent in agents}
     while not control.stop.is_set():
@@ -70,20 +73,19 @@ def read_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: lis
 
 
 def trim_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: list[str],
-                  control: Control, span: Span) -> None:
+                  control: Control, span: Span, start: str) -> None:
     trim = r.register_script((HERE / "sim_trim_free.lua").read_text())
-    newest = r.xrevrange(keys.events, count=1)
-    last = newest[0][0] if newest else "0-0"  # (what came before the dispatcher is not ours)
+    last = start
+    next_sweep = time.monotonic() + SWEEP_EVERY_S
     while not control.stop.is_set():
-        reply = r.xread({keys.events: last}, count=100, block=SWEEP_AFTER_MS)
-        if reply:
-            touched: set[str] = set()
-            for entry_id, fields in reply[0][1]:
-                last = entry_id
-                touched |= dispatched_to(fields.get("events", ""))
-            targets = sorted(touched)
-        else:
-            targets = agents
+        reply = r.xread({keys.events: last}, count=100, block=int(SWEEP_EVERY_S * 1000))
+        touched: set[str] = set()
+        for entry_id, fields in reply[0][1] if reply else []:
+            last = entry_id
+            touched |= dispatched_to(fields.get("events", ""))
+        targets = sorted(touched)
+        if time.monotonic() >= next_sweep:
+            targets, next_sweep = agents, time.monotonic() + SWEEP_EVERY_S
         if targets:
             removed = trim(keys=[keys.inbox(agent) for agent in targets], args=[wake, cap, *targets])
             span.mark(0, int(removed))
@@ -102,11 +104,12 @@ def main() -> None:
     wake = Channels(args.prefix).wake
     span = Span()
     control = Control(span)
-    r.ping()
+    newest = r.xrevrange(keys.events, count=1)  # (what came before the dispatcher is not ours)
     control.ready()
     control.go.wait()
     drain = read_and_free if args.mode == "read" else trim_and_free
-    drain(r, keys, wake, args.cap, agent_ids(args.agents), control, span)
+    drain(r, keys, wake, args.cap, agent_ids(args.agents), control, span,
+          newest[0][0] if newest else "0-0")
 
 
 if __name__ == "__main__":
