@@ -85,8 +85,9 @@ def test_big_rounds_in_flight_when_their_dispatcher_dies_lose_nothing_and_hand_n
     settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, tmp_path: Any
 ) -> None:
     # 200 simulated agents on one capability: rounds of 800 tasks, each routed while the last
-    # one's dispatch calls are in flight (capability.PIPELINE_MIN_TASKS), and dispatchers
-    # SIGKILLed at random meanwhile, with calls sent and their replies unread.
+    # one's dispatch calls are in flight (capability.PIPELINE_MIN_TASKS), while the inboxes
+    # fill. Dispatchers are SIGKILLed as soon as they log such a round (by then Redis has run
+    # some of its calls, maybe all), so a replacement starts from whatever they left.
     rng = random.Random(11)
     log = open(tmp_path / "sim.log", "w")  # noqa: SIM115
     sim = subprocess.Popen([sys.executable, "-m", "tests.sim_fleet", "--agents", "200",
