@@ -21,22 +21,17 @@ import random
 import time
 from typing import TYPE_CHECKING, Any
 
-import redis
-
 from broker import codec, connection, inbox, protocol
-from broker.errors import BadInput, QueueFull
-from broker.keys import DISPATCH_GROUP, CapabilityKeys
+from broker.keys import CapabilityKeys
 from dispatcher import routing
-from dispatcher.intake import parse_intake_entry
+from dispatcher.intake import IntakeReader
 
 if TYPE_CHECKING:
     from dispatcher.service import Dispatcher
 
 log = logging.getLogger("reach.dispatcher")
 
-INTAKE_BATCH = 200
 SWEEP_BATCH = 200
-INTAKE_CLAIM_IDLE_MS = 60_000
 ROUTING_FIELDS = ("session_id", "region", "routing", "last_agent_id")
 EXPLAIN_TTL_MS = 15 * 60 * 1000
 HOUSEKEEPING_S = 0.05
@@ -70,9 +65,7 @@ class CapabilityLoop:
         self._next_deadline_ms: float | None = None
         self._next_sweep = 0.0
         self._next_housekeeping = 0.0
-        self._next_intake_claim = 0.0
-        self._intake_group_ready = False
-        self._intake_pending_checked = False
+        self.intake = IntakeReader(dispatcher, capability)
         self.health: dict[str, routing.AgentHealth] = {}
         self.probes: dict[str, int] = {}
         self._rng = random.Random()
@@ -265,7 +258,7 @@ class CapabilityLoop:
         pipe.zrange(self.keys.deadlines, 0, 0, withscores=True)
         intake_len, due_retries, delayed_head, due_deadlines, deadline_head = await pipe.execute()
         if intake_len:
-            moved += await self._intake()
+            moved += await self.intake.take()
         if due_retries:
             moved += int(await self.d.scripts(
                 protocol.promote_call(self.d.settings, self.capability, due_retries)))
@@ -280,64 +273,6 @@ class CapabilityLoop:
         self._next_delayed_ms = float(delayed_head[0][1]) if delayed_head else None
         self._next_deadline_ms = float(deadline_head[0][1]) if deadline_head else None
         return moved
-
-    # -- intake -----------------------------------------------------------------------------
-
-    async def _intake(self) -> int:
-        r = self.d.redis
-        stream = self.keys.intake
-        if not self._intake_group_ready:
-            try:
-                await r.xgroup_create(stream, DISPATCH_GROUP, id="0", mkstream=True)
-            except redis.exceptions.ResponseError as exc:
-                if "BUSYGROUP" not in str(exc):
-                    raise
-            self._intake_group_ready = True
-        # First our own unfinished entries (a QueueFull earlier, or a restart), then new ones.
-        start = ">" if self._intake_pending_checked else "0"
-        reply = await r.xreadgroup(DISPATCH_GROUP, self.d.dispatcher_id, {stream: start},
-                                   count=INTAKE_BATCH)
-        entries = reply[0][1] if reply else []
-        if start == "0" and len(entries) < INTAKE_BATCH:
-            self._intake_pending_checked = True
-        if not entries and start == ">" and time.monotonic() >= self._next_intake_claim:
-            self._next_intake_claim = time.monotonic() + INTAKE_CLAIM_IDLE_MS / 3000
-            entries = await self._claim_abandoned_intake()
-        if not entries:
-            return 0
-        requests = []
-        for entry_id, fields in entries:
-            if fields is None:  # deleted while pending
-                await r.xack(stream, DISPATCH_GROUP, entry_id)
-                continue
-            try:
-                requests.append(parse_intake_entry(self.d.settings, self.capability, entry_id, fields))
-            except Exception as exc:  # (BadInput, or anything else a stranger's entry provokes:
-                # one bad entry must not hold back the good ones read with it)
-                if isinstance(exc, BadInput):
-                    log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
-                else:
-                    log.exception("%s: intake entry %s could not be read", self.capability, entry_id)
-                await self.d.scripts(protocol.dead_letter_raw_call(
-                    self.d.settings, self.capability, stream, DISPATCH_GROUP, entry_id,
-                    "malformed", str(exc), fields))
-        if requests:
-            try:
-                protocol.parse_submit(self.capability, self.d.settings.max_queue_depth,
-                                      await self.d.scripts(protocol.submit_call(self.d.settings, requests)))
-            except QueueFull as exc:
-                log.warning("%s: %s; intake entries wait", self.capability, exc)
-                self._intake_pending_checked = False
-                return 0
-        return len(entries)
-
-    async def _claim_abandoned_intake(self) -> list[Any]:
-        """Entries another dispatcher read and never finished (it died): take them over."""
-        reply = await self.d.redis.xautoclaim(
-            self.keys.intake, DISPATCH_GROUP, self.d.dispatcher_id, INTAKE_CLAIM_IDLE_MS,
-            start_id="0-0", count=INTAKE_BATCH)
-        entries: list[Any] = reply[1] if reply else []
-        return [e for e in entries if e]
 
     # -- leases -----------------------------------------------------------------------------
 

@@ -18,11 +18,24 @@ than at the next idle tick, PUBLISH "<prefix>:wake" "task <cap>" after the XADD.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
 
 from broker import codec, protocol
-from broker.errors import BadInput
+from broker.errors import BadInput, QueueFull
+from broker.keys import DISPATCH_GROUP, CapabilityKeys
 from broker.settings import Settings
+
+if TYPE_CHECKING:
+    from dispatcher.service import Dispatcher
+
+log = logging.getLogger("reach.dispatcher")
+
+INTAKE_BATCH = 200
+INTAKE_CLAIM_IDLE_MS = 60_000
 
 
 def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) -> Any:
@@ -69,3 +82,74 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
         max_attempts=_number(fields, "max_attempts", int),
         intake_entry=entry_id,
     )
+
+
+class IntakeReader:
+    """One dispatcher's reading of one capability's intake stream, through the group
+    `dispatch`: its own unfinished entries first (a QueueFull earlier, or a restart), then new
+    ones, and now and then the entries a dispatcher that died had read and never finished."""
+
+    def __init__(self, dispatcher: Dispatcher, capability: str) -> None:
+        self.d = dispatcher
+        self.capability = capability
+        self.stream = CapabilityKeys(dispatcher.settings.prefix, capability).intake
+        self._group_ready = False
+        self._pending_checked = False
+        self._next_claim = 0.0
+
+    async def take(self) -> int:
+        """Turn a batch of entries into tasks (or dead letters); returns how many it handled."""
+        r = self.d.redis
+        stream = self.stream
+        if not self._group_ready:
+            try:
+                await r.xgroup_create(stream, DISPATCH_GROUP, id="0", mkstream=True)
+            except redis.exceptions.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+            self._group_ready = True
+        # First our own unfinished entries (a QueueFull earlier, or a restart), then new ones.
+        start = ">" if self._pending_checked else "0"
+        reply = await r.xreadgroup(DISPATCH_GROUP, self.d.dispatcher_id, {stream: start},
+                                   count=INTAKE_BATCH)
+        entries = reply[0][1] if reply else []
+        if start == "0" and len(entries) < INTAKE_BATCH:
+            self._pending_checked = True
+        if not entries and start == ">" and time.monotonic() >= self._next_claim:
+            self._next_claim = time.monotonic() + INTAKE_CLAIM_IDLE_MS / 3000
+            entries = await self._claim_abandoned()
+        if not entries:
+            return 0
+        requests = []
+        for entry_id, fields in entries:
+            if fields is None:  # deleted while pending
+                await r.xack(stream, DISPATCH_GROUP, entry_id)
+                continue
+            try:
+                requests.append(parse_intake_entry(self.d.settings, self.capability, entry_id, fields))
+            except Exception as exc:  # (BadInput, or anything else a stranger's entry provokes:
+                # one bad entry must not hold back the good ones read with it)
+                if isinstance(exc, BadInput):
+                    log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
+                else:
+                    log.exception("%s: intake entry %s could not be read", self.capability, entry_id)
+                await self.d.scripts(protocol.dead_letter_raw_call(
+                    self.d.settings, self.capability, stream, DISPATCH_GROUP, entry_id,
+                    "malformed", str(exc), fields))
+        if requests:
+            try:
+                protocol.parse_submit(self.capability, self.d.settings.max_queue_depth,
+                                      await self.d.scripts(protocol.submit_call(self.d.settings, requests)))
+            except QueueFull as exc:
+                log.warning("%s: %s; intake entries wait", self.capability, exc)
+                self._pending_checked = False
+                return 0
+        return len(entries)
+
+    async def _claim_abandoned(self) -> list[Any]:
+        """Entries another dispatcher read and never finished (it died): take them over."""
+        reply = await self.d.redis.xautoclaim(
+            self.stream, DISPATCH_GROUP, self.d.dispatcher_id, INTAKE_CLAIM_IDLE_MS,
+            start_id="0-0", count=INTAKE_BATCH)
+        entries: list[Any] = reply[1] if reply else []
+        return [e for e in entries if e]

@@ -54,7 +54,7 @@ def dispatched_to(events: str) -> set[str]:
 
 
 def read_and_free(r: Any, keys: CapabilityKeys, wake: str, cap: str, agents: list[str],
-                  control: Control, span: Span, start: str) -> None:
+                  control: Control, span: Span) -> None:
     free = r.register_script((HERE / "sim_read_free.lua").read_text())
     streams = {keys.inbox(agent): ">" for agent in agents}
     while not control.stop.is_set():
@@ -107,9 +107,11 @@ def main() -> None:
     newest = r.xrevrange(keys.events, count=1)  # (what came before the dispatcher is not ours)
     control.ready()
     control.go.wait()
-    drain = read_and_free if args.mode == "read" else trim_and_free
-    drain(r, keys, wake, args.cap, agent_ids(args.agents), control, span,
-          newest[0][0] if newest else "0-0")
+    agents = agent_ids(args.agents)
+    if args.mode == "read":
+        read_and_free(r, keys, wake, args.cap, agents, control, span)
+    else:
+        trim_and_free(r, keys, wake, args.cap, agents, control, span, newest[0][0] if newest else "0-0")
 
 
 if __name__ == "__main__":
