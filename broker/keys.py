@@ -14,6 +14,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
 | P:{cap}:inbox:{agent} | stream, group `agents` (3) | dispatch, submit; its agent reads | when finished |
 | P:{cap}:grants | list of inbox slots submit may fill (4) | dispatchers | consumed; expires |
+| P:{cap}:granted | hash agent id -> its grant; `#` (7) | dispatchers | replaced; expires |
 | P:{cap}:pulls | hash agent id -> standing pull (6) | dispatchers | replaced; expires |
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
@@ -42,10 +43,10 @@ cannot start with '_', so the two never collide).
 (6) `most unread|round|score|low`: while tasks wait in the ready queue, the agent's completions
     take the next ones without routing constraints into its inbox, one per slot freed (see
     lua/complete.lua).
-
-Channels (pub/sub carries wake-ups only; every fact is also in a key):
-`P:wake` (dispatchers: "<what> <capability>"), `P:ev:<task id>` (a task's new events),
-`P:ctl:<agent>` (control messages to one agent, e.g. cancel).
+(7) The standing grant set by agent, and `#` the number of grants written: a completion that
+    changes nothing a dispatcher acts on (successes only, the queue empty, the agent granted)
+    gives the grants its tasks used back to the list, as credits, and wakes no dispatcher;
+    submit reads `#` to tell when the grants fall below half (lua/complete.lua, lua/submit.lua).
 """
 
 from __future__ import annotations
@@ -113,6 +114,10 @@ class CapabilityKeys:
     @property
     def grants(self) -> str:
         return f"{self.base}:grants"
+
+    @property
+    def granted(self) -> str:
+        return f"{self.base}:granted"
 
     @property
     def pulls(self) -> str:

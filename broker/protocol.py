@@ -140,7 +140,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> Script
     if any(r.capability != capability for r in requests):
         raise BadInput("one submit call serves one capability")
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats]
+    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted]
     args: list[str | int | float] = [
         settings.max_queue_depth,
         settings.aging_ms,
@@ -240,8 +240,9 @@ def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult]
 
 
 def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int) -> ScriptCall:
-    """Replace the capability's grants (`agent|most unread|round|score`, in order of use)."""
-    return ScriptCall("grant", [CapabilityKeys(settings.prefix, capability).grants], [ttl_ms, *grants])
+    """Replace the capability's grants (`agent|most unread|round|score|low`, in order of use)."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall("grant", [ck.grants, ck.granted], [ttl_ms, *grants])
 
 
 def pulls_call(settings: Settings, capability: str, pulls: dict[str, str], ttl_ms: int) -> ScriptCall:
@@ -384,7 +385,7 @@ def complete_call(
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health,
-            ck.queue, ck.pulls, ck.stats]
+            ck.queue, ck.pulls, ck.stats, ck.grants, ck.granted]
     args: list[str | int | float] = [
         agent_id, token, settings.event_feed_maxlen, settings.prefix + ":",
         settings.result_ttl_ms, capability, settings.latency_ceiling_ms,

@@ -95,8 +95,9 @@ class CapabilityLoop:
         wrote them."""
         self._granted_until = 0.0
         self._unsure: set[str] = set()
-        """Agents granted since their inbox loads were last read: submits hand them tasks
-        without telling (see submit.lua), so the next round reads their loads first."""
+        """Agents whose inbox loads the next round reads first: those granted (submits hand
+        them tasks, and their completions end tasks, without telling while the grants stand:
+        see submit.lua and complete.lua), and those of dispatch calls that failed."""
         self._pulls: list[tuple[str, int, bool]] = []
         """The standing pulls (agent, most unread, cold) as this dispatcher last wrote them."""
         self._pulls_until = 0.0
@@ -408,6 +409,10 @@ class CapabilityLoop:
 
     async def _route(self) -> int:
         settings = self.d.settings
+        # While grants stand, hand-offs by grant and their quiet completions change the granted
+        # agents' loads without a word: every round reads them first (a round is rare then: the
+        # tasks go straight to the agents).
+        self._unsure.update(agent_id for agent_id, _ in self._granted)
         if self._unsure:
             unsure, self._unsure = sorted(self._unsure), set()
             await self.refresh_loads(unsure, health=False)
@@ -577,7 +582,6 @@ class CapabilityLoop:
         await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms))
         self._grants_written = self._grants_left = len(grants)
         self._granted = shape
-        self._unsure.update(agent_id for agent_id, _ in shape)
         self._granted_until = now + ttl_ms / 3000
 
     async def _pull(self, round_: routing.RoutingRound | None) -> None:

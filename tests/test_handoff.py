@@ -132,7 +132,8 @@ def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
 ) -> None:
     # A hand-off changes nothing a dispatcher must act on while most grants stand: a message
     # per hand-off woke every dispatcher for nothing. Submits say how many grants are left
-    # when that falls to a power of two (or to none); the dispatcher acts below half.
+    # when that falls to a power of two below half of those written, or to none: the
+    # dispatcher acts below half (above it, completions give grants back as credits).
     channel = Channels(prefix).wake
     slot = CapabilityKeys(prefix, "took").queue
     pubsub = r.pubsub()
@@ -147,12 +148,18 @@ def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
         grant(r, settings, "took", *["live|40|round-1|50.0|"] * 8)
         wake_messages_until_marker(pubsub, r, channel, slot)  # (the subscription is in place)
         assert [submit_and_hear(n) for n in (1, 2, 3)] == [[], [], []]  # 7, 6, 5 left
-        assert submit_and_hear(4) == ["took took live 4 -1 1 4"]
+        assert submit_and_hear(4) == []  # 4 left: a power of two, but not below half of 8
         assert submit_and_hear(5) == []  # 3 left
         assert submit_and_hear(6) == ["took took live 6 -1 1 2"]
         # A batch that goes past a power of two says so once, for the agent it fed.
         client.submit_many("took", [{"n": 7}, {"n": 8}])
         assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 8 -1 2 0"]
+        # Grants of a dispatcher that keeps no count (the release before) are told at every
+        # power of two, as before: with the count, 2 of 4 left would not be below half.
+        grant(r, settings, "took", *["live|40|round-2|50.0|"] * 4)
+        r.delete(CapabilityKeys(prefix, "took").granted)
+        assert submit_and_hear(9) == []  # 3 left
+        assert submit_and_hear(10) == ["took took live 10 -1 1 2"]
     finally:
         pubsub.close()
     # The dispatcher takes `left` as it is (skipped stale grants and several dispatchers made
@@ -230,6 +237,79 @@ def test_a_full_inbox_refuses_its_grant(
     assert r.xlen(ck.inbox("small")) == 2  # never past the agent's backlog limit
 
 
+def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    # While the queue is empty, a completion of successes only, from an agent with no failures
+    # before and a standing grant, changes nothing a dispatcher acts on but the agent's load
+    # (which the dispatchers read before their next round): it tells nobody, and each task
+    # that came by grant gives that grant back. Anything else is told as before.
+    cap = "credit"
+    ck = CapabilityKeys(prefix, cap)
+    channel = Channels(prefix).wake
+    pubsub = r.pubsub()
+    pubsub.subscribe(channel)
+
+    def heard() -> list[str]:
+        return wake_messages_until_marker(pubsub, r, channel, ck.queue)
+
+    try:
+        for agent in ("live", "other"):
+            bind(r, settings, cap, agent)
+        grant(r, settings, cap, *["live|40|round-1|50.0|"] * 4)
+        heard()  # (the subscription is in place)
+        first = client.submit(cap, {"n": 1})
+        client.submit(cap, {"n": 2})
+        assert r.llen(ck.grants) == 2 and heard() == []  # (2 of 4 left is not below half)
+        reply = finish_read(r, settings, cap, "live")
+        assert reply.statuses == ("ok", "ok") and first.result(timeout=5) == {}
+        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-1|50.0|"] * 4 and heard() == []
+        # A task the agent got otherwise (a dispatcher's round) ends quietly too, but it used no
+        # grant and gives none: the grants never outnumber the set written.
+        routed = client.submit(cap, {"n": 3}, session_id="s")
+        hand(r, settings, cap, "live", routed)
+        heard()
+        assert finish_read(r, settings, cap, "live").statuses == ("ok",)
+        assert r.llen(ck.grants) == 4 and heard() == []
+        # A failure is told (the agent's circuit may open), and so is the success that clears it.
+        client.submit(cap, {"n": 4})
+        assert finish_read(r, settings, cap, "live", "failure").statuses == ("failed",)
+        assert heard() == ["free credit live 0 0 1 1 1 0"] and r.llen(ck.grants) == 3
+        client.submit(cap, {"n": 5})
+        finish_read(r, settings, cap, "live")
+        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 2
+        # With a task waiting in the queue, the dispatchers must hear of the room.
+        waiting = client.submit(cap, {"n": 6})
+        queued = client.submit(cap, {"n": 7}, session_id="s")
+        heard()
+        assert waiting.status().agent_id == "live" and queued.status().state == "queued"
+        finish_read(r, settings, cap, "live")
+        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
+        r.zrem(ck.queue, split_task_id(queued.task_id)[1])
+        # Grants given back to a list that submits emptied die with the set they came from.
+        grant(r, settings, cap, "live|40|round-2|60.0|")
+        again = client.submit(cap, {"n": 8})
+        assert again.status().agent_id == "live" and not r.exists(ck.grants)
+        heard()
+        finish_read(r, settings, cap, "live")
+        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-2|60.0|"] and heard() == []
+        assert 0 < r.pttl(ck.grants) <= 60_000
+        # An agent the standing set does not name, or one that is draining, is told about.
+        grant(r, settings, cap, "other|40|round-3|70.0|")
+        hand(r, settings, cap, "live", client.submit(cap, {"n": 9}, session_id="s"))
+        heard()
+        finish_read(r, settings, cap, "live")
+        assert heard() == ["free credit live 0 0 0 1 1 0"]
+        grant(r, settings, cap, "live|40|round-4|70.0|")
+        hand(r, settings, cap, "live", client.submit(cap, {"n": 10}, session_id="s"))
+        r.hset(ck.tokens, "draining:live", "1")
+        heard()
+        finish_read(r, settings, cap, "live")
+        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
+    finally:
+        pubsub.close()
+
+
 def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(
     client: ReachClient, settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
@@ -291,6 +371,35 @@ def test_an_idle_agent_gets_new_tasks_straight_from_submit_and_waiters_are_woken
     local = split_task_id(quiet.task_id)[1]
     assert not r.exists(ck.task_done(local)) and "d" not in record(r, prefix, quiet.task_id)
     assert quiet.result(timeout=5) == {"n": 100}
+
+
+def test_a_steady_trickle_of_tasks_wakes_no_dispatcher(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # At low load a task goes producer -> agent -> producer: its hand-off takes a grant, its
+    # completion gives the grant back and tells nobody, so no dispatcher wakes per task (that
+    # wake-up was most of a dispatcher's work at low load, on the cores the round trip needs).
+    ck = CapabilityKeys(prefix, "trickle")
+    channel = Channels(prefix).wake
+    fleet.dispatcher()
+    fleet.worker("trickle", handler="tests.handlers:record", concurrency=4)
+    assert client.run("trickle", {"n": 0}, timeout=30) == {"n": 0}
+    wait_until(lambda: r.llen(ck.grants) > 0, message="the dispatcher's grants")
+    pubsub = r.pubsub()
+    pubsub.subscribe(channel)
+    try:
+        wake_messages_until_marker(pubsub, r, channel, ck.queue)
+        direct = one_at_a_time_by_grant(client, r, prefix, "trickle", range(1, 41))
+        heard = wake_messages_until_marker(pubsub, r, channel, ck.queue)
+    finally:
+        pubsub.close()
+    # (A grant set that expired under a starved dispatcher, on a loaded machine, would cost a
+    # task or two its grant and tell of their completions: a margin for that, not for a
+    # message per task.)
+    assert direct >= 38, f"only {direct} of 40 tasks went straight to the agent"
+    told = [m for m in heard if m.split(" ")[:2] in (["free", "trickle"], ["took", "trickle"])]
+    assert len(told) <= 2, told
+    assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 41
 
 
 def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_submit(
@@ -386,12 +495,13 @@ async def test_grants_half_used_are_written_again_by_the_next_round(
 
 
 @pytest.mark.one_redis
-async def test_the_round_after_a_grant_reads_the_granted_agents_loads_first(
+async def test_every_round_while_grants_stand_reads_the_granted_agents_loads_first(
     make_settings: Any, r: redis.Redis
 ) -> None:
-    # Submits hand tasks to granted agents without telling the dispatchers (until the grants
-    # run low): the next round must not size an agent's room, or its new grants, from a load
-    # that leaves out the tasks it was handed meanwhile.
+    # Submits hand tasks to granted agents, and their completions end tasks, without telling
+    # the dispatchers while the grants stand (see complete.lua): no round may size an agent's
+    # room, or its new grants, from a load that leaves out tasks it was handed meanwhile, nor
+    # from one that still counts tasks it finished (it would look full and be passed over).
     settings = make_settings(idle_tick_ms=60_000)
     loop = loop_without_service(settings, "unsure")
     now = int(r.time()[0]) * 1000
@@ -400,12 +510,22 @@ async def test_the_round_after_a_grant_reads_the_granted_agents_loads_first(
     try:
         await loop._grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(0, 0))], settings, now,
                                        random.Random(1)))
-        assert loop._unsure == {"unsure-1"} and r.llen(CapabilityKeys(settings.prefix, "unsure").grants) >= 4
+        assert r.llen(CapabilityKeys(settings.prefix, "unsure").grants) >= 4
         for n in range(3):
             assert producer.submit("unsure", {"n": n}).status().agent_id == "unsure-1"
         assert "unsure-1" not in loop.loads  # (nothing told it)
         await loop._route()
         assert loop.loads["unsure-1"] == InboxLoad(3, 0) and not loop._unsure
+        # Later rounds too: the three end quietly, two more come by grant. (This loop serves no
+        # agent, so its round cleared the grants: they are written again here.)
+        await loop._grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(3, 0))], settings, now,
+                                       random.Random(1)))
+        assert finish_read(r, settings, "unsure", "unsure-1").statuses == ("ok",) * 3
+        for n in range(3, 5):
+            assert producer.submit("unsure", {"n": n}).status().agent_id == "unsure-1"
+        loop.loads["unsure-1"] = InboxLoad(4, 4)  # (as a stale view would have it: full)
+        await loop._route()
+        assert loop.loads["unsure-1"] == InboxLoad(2, 0)
     finally:
         producer.close()
         await loop.d.redis.aclose()

@@ -3,7 +3,8 @@
 -- KEYS[1] the agent's inbox   KEYS[2] delayed zset   KEYS[3] dead-letter stream
 -- KEYS[4] capability event feed   KEYS[5] agent tokens hash   KEYS[6] agent health hash
 -- KEYS[7] ready queue zset   KEYS[8] pulls hash   KEYS[9] capability stats hash
--- then KEYS[10+i] the task hash of task i
+-- KEYS[10] grants list   KEYS[11] granted hash (see grant.lua)
+-- then KEYS[12+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] capability   ARGV[7] latency ceiling ms (0: none)
 -- ARGV[8] the highest priority a cold agent's pull may take (cold_start_max_priority)
@@ -32,12 +33,22 @@
 -- (`explain`: `round|pull|score|`). The task keys are built from data: ARGV[9] .. local id,
 -- in this capability's slot.
 --
+-- Quiet completion, and credits: while the ready queue is empty, a call whose every report is
+-- a success, from an agent without failures before it and whose grant stands (the granted
+-- hash names it: the dispatchers read its load before their next round, see
+-- dispatcher/capability.py), changed nothing a dispatcher acts on but the agent's load. It
+-- publishes nothing (a wake-up per task was most of a dispatcher's work at low load), and it
+-- gives back one grant (its agent's standing one) for each of its tasks that came by grant:
+-- the slot that grant promised is free again. So a steady trickle of tasks goes producer ->
+-- agent -> producer with no dispatcher round at all; only a task that came by grant returns
+-- one (the set never grows past what was granted), and the returned grants die with the set.
+--
 -- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, tasks pulled,
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'REFUSED'} end
-local n = #KEYS - 9
+local n = #KEYS - 11
 local health, ceiling = KEYS[6], tonumber(ARGV[7])
 local now = now_ms()
 local now_s = jint(now)
@@ -48,16 +59,17 @@ local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their exe
 -- Health changes of this call, in order: failures since the last success (or all of them), and
 -- likewise slow tasks.
 local succeeded, failures, failed_any = false, 0, false
+local oks, by_grant = 0, 0  -- successes, and those of tasks that came by grant (credits)
 local slow_reset, slow, slow_any = false, 0, false
 
 for i = 0, n - 1 do
   local a = 10 + 6 * i
   local entry, fence, outcome, body = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local exec_ms = ARGV[a + 5]
-  local task_key = KEYS[10 + i]
+  local task_key = KEYS[12 + i]
   entries[i + 1] = entry
   local f = redis.call('HMGET', task_key, 'state', 'fence', 'agent_id', 'attempt', 'max_attempts',
-    'seq', 'w', 'd', 'id', 'dispatched_at', 'reason', 'error')
+    'seq', 'w', 'd', 'id', 'dispatched_at', 'reason', 'error', 'explain')
   local state = f[1]
   local mine = f[2] == fence and f[3] == agent
   local status
@@ -147,6 +159,8 @@ for i = 0, n - 1 do
   end
   if status == 'ok' then
     succeeded, failures = true, 0
+    oks = oks + 1
+    if f[13] and string.match(f[13], '^[^|]*|([^|]*)|') == 'grant' then by_grant = by_grant + 1 end
   elseif (status == 'failed' or status == 'retry') and outcome ~= 'invalid_request' then
     failures, failed_any = failures + 1, true
   end
@@ -172,9 +186,10 @@ end
 -- A pull needs a success that left no failure after it (the agent's circuit is closed); whether
 -- its failures were at 0 before as well decides below whether the dispatchers need to hear.
 local pull, cf_before = nil, nil
+local all_ok = n > 0 and oks == n
 if succeeded and failures == 0 then
   pull = redis.call('HGET', KEYS[8], agent)
-  if pull then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
+  if pull or all_ok then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
 end
 local cf
 if succeeded then
@@ -233,10 +248,27 @@ if pull then
 end
 flush_feed(c)
 
+-- A quiet completion (see the top): give the grants back and tell nobody.
+local quiet = false
+if all_ok and pulled == 0 and (cf_before or '0') == '0' and redis.call('ZCARD', KEYS[7]) == 0 then
+  local standing = redis.call('HGET', KEYS[11], agent)
+  if standing and redis.call('HEXISTS', KEYS[5], 'draining:' .. agent) == 0 then
+    quiet = true
+    if by_grant > 0 then
+      local credits = {}
+      for i = 1, by_grant do credits[i] = standing end
+      -- (a list emptied by submits is gone, and with it its expiry: it dies with the set)
+      if redis.call('RPUSH', KEYS[10], unpack(credits)) == by_grant then
+        redis.call('PEXPIRE', KEYS[10], math.max(1, redis.call('PTTL', KEYS[11])))
+      end
+    end
+  end
+end
+
 -- The dispatchers keep each agent's load and health from these messages. A call that refilled
 -- every slot it freed, after and before a success, changed neither (its inbox holds as many
--- entries as before): nothing to tell, and no dispatcher wakes for it.
-if not (pulled > 0 and pulled == timed and (cf_before or '0') == '0') then
+-- entries as before): nothing to tell, and no dispatcher wakes for it; nor for a quiet one.
+if not quiet and not (pulled > 0 and pulled == timed and (cf_before or '0') == '0') then
   redis.call('PUBLISH', ARGV[4] .. 'wake',
     'free ' .. ARGV[6] .. ' ' .. agent .. ' ' .. len .. ' ' .. pending .. ' ' .. cf .. ' ' ..
     timed .. ' ' .. jint(timed_ms) .. ' ' .. pulled)

@@ -2,7 +2,8 @@
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] intake stream
 -- KEYS[4] deadlines zset (when to look at a task with a deadline or a no-agent timeout)
 -- KEYS[5] grants list   KEYS[6] agent tokens hash   KEYS[7] capability stats hash
--- then for task i (0-based): KEYS[8+2i] task hash, KEYS[9+2i] idempotency key
+-- KEYS[8] granted hash (the standing grant set by agent, and '#': how many were written)
+-- then for task i (0-based): KEYS[9+2i] task hash, KEYS[10+2i] idempotency key
 -- ARGV[1] max queue depth     ARGV[2] aging ms                 ARGV[3] idempotency ttl ms
 -- ARGV[4] feed maxlen         ARGV[5] channel prefix ("<prefix>:")   ARGV[6] capability
 -- ARGV[7] no-agent timeout ms (0: off)   ARGV[8] inbox key prefix ("<capability base>:inbox:")
@@ -26,12 +27,14 @@
 -- slot.
 --
 -- The dispatchers hear of the hand-offs (`took`, with the agents' inbox loads and the grants
--- left) only when the grants left fall to a power of two or to none: a dispatcher acts once
--- fewer than half of the grants it wrote are left (it writes new ones, reading the granted
--- agents' loads first), and a message per hand-off woke every dispatcher for nothing. (The
--- grants' format is unchanged: producers and dispatchers of the release before still work
--- together with these; a dispatcher of that release, which counts every hand-off, then
--- refreshes its grants on its tick instead.)
+-- left) only when the grants left fall to a power of two below half of those written ('#' of
+-- the granted hash), or to none: a dispatcher acts once fewer than half of the grants it wrote
+-- are left (it writes new ones, reading the granted agents' loads first), and a message per
+-- hand-off woke every dispatcher for nothing. Above half, no dispatcher acts: the message is
+-- not sent (completions give grants back as credits, see complete.lua, so the grants left
+-- hover near the top). (The grants' format is unchanged: producers and dispatchers of the
+-- release before still work together with these; a dispatcher of that release, which counts
+-- every hand-off, then refreshes its grants on its tick instead.)
 --
 -- Returns {'FULL', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
@@ -40,7 +43,7 @@ local queue, grants, tokens = KEYS[1], KEYS[5], KEYS[6]
 local max_depth = tonumber(ARGV[1])
 local aging = tonumber(ARGV[2])
 local idem_ttl = tonumber(ARGV[3])
-local n = (#KEYS - 7) / 2
+local n = (#KEYS - 8) / 2
 local nat = tonumber(ARGV[7])
 local inbox_prefix = ARGV[8]
 local low_max = tonumber(ARGV[9])
@@ -85,7 +88,7 @@ local now_s = jint(now)
 local out = {}
 local queued, direct = 0, 0
 for i = 0, n - 1 do
-  local task_key, idem_key = KEYS[8 + 2 * i], KEYS[9 + 2 * i]
+  local task_key, idem_key = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
   local a = 10 + 15 * i
   local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
   local entry = ARGV[a + 13]
@@ -160,11 +163,17 @@ end
 if direct > 0 then
   redis.call('HINCRBY', KEYS[7], 'dispatched', direct)
   redis.call('HINCRBY', KEYS[7], 'direct', direct)
-  -- Tell when the grants left fell to a power of two or past one, or to none.
+  -- Tell when the grants left fell to a power of two or past one below half of those written
+  -- (or, written by a dispatcher that keeps no count, anywhere), or to none.
   local left = redis.call('LLEN', grants)
   local p = 1
   while p * 2 < granted do p = p * 2 end  -- the largest power of two below the grants before
-  if left == 0 or p >= left then
+  local tell = left == 0
+  if not tell and p >= left then
+    local written = tonumber(redis.call('HGET', KEYS[8], '#'))
+    tell = not written or left * 2 < written
+  end
+  if tell then
     for agent, load in pairs(loads) do
       redis.call('PUBLISH', ARGV[5] .. 'wake', 'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] ..
         ' ' .. load[2] .. ' ' .. load[3] .. ' ' .. left)
