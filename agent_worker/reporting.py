@@ -16,7 +16,7 @@ from agent_worker.handlers import Binding
 from agent_worker.stats import WorkerStats
 from broker import codec, connection, protocol
 from broker.keys import AGENT_GROUP, CapabilityKeys
-from broker.scripts import AsyncScripts
+from broker.scripts import AsyncScripts, Lane
 from broker.settings import Settings
 
 if TYPE_CHECKING:
@@ -38,6 +38,8 @@ class Reporting:
     running: dict[str, Running]
     stats: WorkerStats
     _scripts: AsyncScripts
+    _report_lane: Lane
+    """The connection the flusher's reports go on (a lane of its own, see broker.scripts.Lane)."""
     _flush_event: asyncio.Event
     _completions: dict[str, list[protocol.Completion]]
     _unrecorded: dict[str, list[Running]]
@@ -91,6 +93,13 @@ class Reporting:
             self._unrecorded[capability] = starts + self._unrecorded.get(capability, [])
 
     async def _flusher(self) -> None:
+        self._report_lane = self._scripts.lane()
+        try:
+            await self._flush_reports()
+        finally:
+            await self._report_lane.close()
+
+    async def _flush_reports(self) -> None:
         pause = 0.1
         while True:
             await self._flush_event.wait()
@@ -165,7 +174,7 @@ class Reporting:
             tries += 1
             if tries > 1 and extra:
                 self._recover.add(capability)
-            return await self._scripts.run_all(calls, extra)
+            return await self._report_lane.run_all(calls, extra)
 
         try:
             replies = await connection.with_reconnect(op)

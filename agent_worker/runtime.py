@@ -46,7 +46,7 @@ from broker import codec, connection, eventloop, inbox, protocol
 from broker.errors import ConfigError
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
 from broker.models import AgentDescriptor, Outcome, ms_to_datetime
-from broker.scripts import AsyncScripts
+from broker.scripts import AsyncScripts, Lane
 from broker.settings import Settings
 
 log = logging.getLogger("reach.worker")
@@ -357,6 +357,14 @@ class Worker(Reporting):
         ck = CapabilityKeys(self.settings.prefix, binding.capability)
         inbox = ck.inbox(self.agent_id)
         share = max(1, self.concurrency // len(self.bindings))
+        lane = self._scripts.lane()  # (a connection of its own for the blocking reads)
+        try:
+            await self._read_inbox(binding, ck, inbox, share, lane)
+        finally:
+            await lane.close()
+
+    async def _read_inbox(self, binding: Binding, ck: CapabilityKeys, inbox: str, share: int,
+                          lane: Lane) -> None:
         backoff = 0.1
         # At start and after every lost connection, first look at entries already delivered to
         # this agent id: a reply lost in a Redis restart, or an earlier process of the same id.
@@ -372,7 +380,7 @@ class Worker(Reporting):
                     if not entries:
                         self._recover.discard(binding.capability)
                 else:
-                    reply = await self._scripts.command(
+                    reply = await lane.command(
                         "XREADGROUP", "GROUP", AGENT_GROUP, self.agent_id, "COUNT", held,
                         "BLOCK", READ_BLOCK_MS, "STREAMS", inbox, ">")
                     entries = reply[0][1] if reply else []

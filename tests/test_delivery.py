@@ -150,6 +150,49 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     asyncio.run(scenario())
 
 
+def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped(
+    request: pytest.FixtureRequest, settings: Settings, r: redis.Redis
+) -> None:
+    # (A worker's inbox reader and its reporter each keep a connection of their own, a Lane,
+    # instead of a pooled one per exchange. It must behave as the pool would: replies always
+    # in step, a connection the server dropped while idle replaced before use, one whose
+    # exchange failed half way never used again.)
+    if request.node.callspec.params.get("redis_url") == "cluster":
+        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
+    never = f"{settings.prefix}:lane:never"
+
+    async def scenario() -> None:
+        aclient = connection.async_client(settings, socket_timeout=0.5)
+        lane = AsyncScripts(aclient).lane()
+        first = await lane.command("CLIENT", "ID")
+        assert await lane.command("CLIENT", "ID") == first  # (kept, not taken from the pool)
+        assert await lane.run_all([nobody], [("CLIENT", "ID")]) == [0, first]
+        # Dropped by the server while idle (a restart, a proxy): the next exchange goes through.
+        r.execute_command("CLIENT", "KILL", "ID", first)
+        kept = lane._conn
+        await asyncio_wait_until(lambda: kept._reader is None or kept._reader.at_eof(),
+                                 message="the lane's connection to see its end")
+        second = await lane.command("CLIENT", "ID")
+        assert second != first
+        # An exchange past its timeout closes the connection, and the next reads its own reply.
+        with pytest.raises(redis.exceptions.TimeoutError):
+            await lane.command("BLPOP", never, 30)
+        third = await lane.command("CLIENT", "ID")
+        assert third not in (first, second)
+        assert await lane.run_all([nobody, nobody]) == [0, 0]
+        # Two exchanges at once on one lane: the second takes a pooled connection.
+        blocked = asyncio.ensure_future(lane.command("BLPOP", never, 0.2))
+        await asyncio.sleep(0)
+        assert await lane.command("CLIENT", "ID") not in (first, second, third)
+        assert await blocked is None
+        assert await lane.command("CLIENT", "ID") == third
+        await lane.close()
+        await aclient.aclose()
+
+    asyncio.run(scenario())
+
+
 def test_priority_order_with_one_worker_of_concurrency_one(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
