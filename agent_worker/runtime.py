@@ -184,6 +184,10 @@ class Worker(Reporting):
         self._slot_freed = asyncio.Event()
         self._flush_event = asyncio.Event()
         self._reregister = asyncio.Event()
+        self._binding = asyncio.Lock()
+        """Held while registering, and while a reader binds its inbox again: a reader that
+        found its inbox gone (pruned) must not write the token it knew over the one a
+        registration going on at the same moment just wrote (its reports would be refused)."""
         self._refused_token = ""
         self._leaving = False
         """Set once the agent deregisters: nothing registers it again."""
@@ -272,7 +276,8 @@ class Worker(Reporting):
                 return
             if self._registered.is_set() and self._refused_token != self.token:
                 continue  # (refused more than once; registered again since the first)
-            self.token = await connection.with_reconnect(self._register)
+            async with self._binding:
+                self.token = await connection.with_reconnect(self._register)
             if not self._registered.is_set():
                 self._registered.set()
                 self._heartbeat.start()  # its first beat goes out at once
@@ -404,8 +409,9 @@ class Worker(Reporting):
                 self._release(held)
                 self._recover.add(binding.capability)
                 if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
-                    await self._scripts(protocol.bind_call(
-                        self.settings, binding.capability, self.agent_id, token_sha(self.token)))
+                    async with self._binding:
+                        await self._scripts(protocol.bind_call(
+                            self.settings, binding.capability, self.agent_id, token_sha(self.token)))
                     continue
                 # Anything else is unexpected: say so loudly, but never stop reading.
                 log.exception("reading inbox %s failed; retrying in %.1fs", inbox, backoff)
