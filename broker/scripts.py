@@ -8,6 +8,9 @@ each script's text here. `broker/protocol.py` builds each call's keys and argume
 from __future__ import annotations
 
 import asyncio
+import os
+import threading
+import weakref
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
@@ -50,6 +53,7 @@ class Scripts:
         self._client: Any = client
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+        self._kept = threading.local()
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         script = self._scripts[call.name]
@@ -63,18 +67,18 @@ class Scripts:
         return script(keys=call.keys, args=call.args, client=client)
 
     def _evalsha(self, sha: str, call: ScriptCall) -> Any:
-        """EVALSHA straight on a pooled connection. redis-py's execute_command wraps each
-        command in a retry loop and observability hooks, about a third of the CPU a producer's
-        submit costs. A connection that fails half way is closed, never reused with a reply
-        unread. A lost connection (one a proxy or a failover dropped while it sat in the pool)
-        gets one more try on a fresh one, as redis-py's own retry gave it; callers that ride
-        out longer outages do so themselves (ReachClient._write). (Not a timeout: the call may
-        still be running.)"""
+        """EVALSHA straight on the connection this thread keeps (see _connection). redis-py's
+        execute_command wraps each command in a retry loop and observability hooks, about a
+        third of the CPU a producer's submit costs. A connection that fails half way is
+        closed, never reused with a reply unread. A lost connection (one a proxy or a failover
+        dropped while it sat idle) gets one more try on a fresh one, as redis-py's own retry
+        gave it; callers that ride out longer outages do so themselves (ReachClient._write).
+        (Not a timeout: the call may still be running.)"""
         return self.command(*evalsha_command(sha, call))
 
     def command(self, *args: Any) -> Any:
-        """One plain command sent the lean way of _evalsha (a lost pooled connection gets one
-        more try). For the producer's wait on a task's done list, which every round trip makes:
+        """One plain command sent the lean way of _evalsha (a lost connection gets one more
+        try). For the producer's wait on a task's done list, which every round trip makes:
         redis-py's own path costs it more CPU than the rest of result(). (A retried BLMOVE of a
         list onto itself changes nothing.)"""
         if self._cluster:
@@ -85,18 +89,40 @@ class Scripts:
             return self._exchange(args)
 
     def _exchange(self, args: tuple[Any, ...]) -> Any:
-        pool = self._client.connection_pool
-        conn = pool.get_connection()
+        conn = self._connection()
         try:
             conn.send_packed_command(conn.pack_command(*args))
             return conn.read_response()
         except redis.exceptions.ResponseError:
             raise  # (an error reply: the connection is in step)
         except BaseException:
-            conn.disconnect()
+            conn.disconnect()  # (it connects again when next used)
             raise
-        finally:
-            pool.release(conn)
+
+    def _connection(self) -> Any:
+        """The connection this thread keeps for its exchanges. Taking one from the pool and
+        giving it back around every exchange cost a producer about a fifth of its CPU per
+        round trip (the pool's lock, its health check's poll, redis-py 8's observability
+        hooks): in paired runs 410-415 us against 325-335 us kept. It goes back to the pool
+        when the thread ends; a process forked with one takes its own (a connection is never
+        shared by two processes). One the server dropped fails its exchange and connects
+        again (command() gives the call one more try, as it did with pooled ones)."""
+        kept: _Kept | None = getattr(self._kept, "kept", None)
+        if kept is None or kept.pid != os.getpid():
+            kept = self._kept.kept = _Kept(self._client.connection_pool)
+        return kept.conn
+
+
+class _Kept:
+    """A pooled connection that one thread keeps (Scripts._connection): its thread's local
+    storage holds this, so it is given back to the pool once the thread ends."""
+
+    __slots__ = ("__weakref__", "conn", "pid")
+
+    def __init__(self, pool: Any) -> None:
+        self.conn = pool.get_connection()
+        self.pid = os.getpid()
+        weakref.finalize(self, pool.release, self.conn)
 
 
 class AsyncScripts:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import hashlib
+import os
+import threading
 import time
+from typing import Any
 
 import pytest
 import redis
@@ -125,7 +129,7 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     sync = connection.sync_client(settings)
     scripts = Scripts(sync)
     assert scripts(nobody) == 0
-    drop(sync.client_id())
+    drop(scripts.command("CLIENT", "ID"))  # (the connection this thread keeps)
     assert scripts(nobody) == 0
     sync.close()
 
@@ -148,6 +152,47 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
         await aclient.aclose()
 
     asyncio.run(scenario())
+
+
+def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_takes_its_own(
+    request: pytest.FixtureRequest, settings: Settings
+) -> None:
+    # (The synchronous lean path, Scripts._exchange, keeps one connection per thread instead of
+    # a pooled one per call. Threads must not share one, an ended thread must not hold one
+    # for ever, and a forked process must never write to its parent's.)
+    if request.node.callspec.params.get("redis_url") == "cluster":
+        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    sync = connection.sync_client(settings)
+    scripts = Scripts(sync)
+    pool = sync.connection_pool
+    mine = scripts.command("CLIENT", "ID")
+    assert scripts.command("CLIENT", "ID") == mine
+    theirs: list[Any] = []
+
+    def other() -> None:
+        theirs.extend([scripts.command("CLIENT", "ID"), scripts.command("CLIENT", "ID"),
+                       scripts._kept.kept.conn])
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    thread.join()
+    assert theirs[0] == theirs[1] != mine
+    gc.collect()
+    assert theirs[2] in pool._available_connections  # (given back as its thread ended)
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:  # (the child: report its connection's id, then leave at once)
+        try:
+            os.write(write, str(scripts.command("CLIENT", "ID")).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        forked = int(pipe.read() or 0)
+    os.waitpid(child, 0)
+    assert forked and forked not in (mine, theirs[0])
+    assert scripts.command("CLIENT", "ID") == mine  # (the parent's is untouched)
+    sync.close()
 
 
 def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped(
