@@ -411,7 +411,8 @@ class CapabilityLoop:
         settings = self.d.settings
         # While grants stand, hand-offs by grant and their quiet completions change the granted
         # agents' loads without a word: every round reads them first (a round is rare then: the
-        # tasks go straight to the agents).
+        # tasks go straight to the agents). (The set standing is its last writer's: the agents
+        # another dispatcher granted are read by the registry refresh, once a tick.)
         self._unsure.update(agent_id for agent_id, _ in self._granted)
         if self._unsure:
             unsure, self._unsure = sorted(self._unsure), set()
