@@ -59,7 +59,9 @@ class CapabilityLoop:
         self.capability = capability
         self.keys = CapabilityKeys(dispatcher.settings.prefix, capability)
         self.loads: dict[str, routing.InboxLoad] = {}
-        self.speed: dict[str, float] = {}
+        self.speed: dict[str, tuple[float, float]] = {}
+        """Per agent: mean execution ms of its latest completions the wake-ups told, and when
+        (monotonic): see note_speed."""
         self._wake = asyncio.Event()
         self._next_delayed_ms: float | None = None
         self._next_deadline_ms: float | None = None
@@ -171,7 +173,19 @@ class CapabilityLoop:
             return  # (a malformed wake-up: "nan" parses as a float and would stick in the mean)
         mean = exec_ms / finished
         before = self.speed.get(agent_id)
-        self.speed[agent_id] = mean if before is None else 0.8 * before + 0.2 * mean
+        self.speed[agent_id] = (mean if before is None else 0.8 * before[0] + 0.2 * mean,
+                                time.monotonic())
+
+    def recent_speed(self, agent_id: str, now: float) -> float | None:
+        """The agent's speed from note_speed while the wake-ups keep telling it; None once
+        they stopped for two heartbeats (completions that changed nothing else are quiet, see
+        complete.lua), and routing goes by the heartbeat's latency instead, which is never
+        older than that. (A speed told once and then never again would stick for ever: an
+        agent whose tasks turned slow would keep a fast agent's prefetch.)"""
+        told = self.speed.get(agent_id)
+        if told is None or now - told[1] > 2 * self.d.settings.heartbeat_ms / 1000:
+            return None
+        return told[0]
 
     async def run(self) -> None:
         try:
@@ -309,6 +323,7 @@ class CapabilityLoop:
     def candidates(self) -> tuple[list[routing.Candidate], dict[str, str]]:
         """Agents serving this capability as routing sees them, and those out for their state."""
         out, filtered = [], {}
+        now = time.monotonic()
         for record in self.d.view.serving(self.capability):
             state = self.d.view.state(record)
             if state.value != "healthy":
@@ -331,7 +346,7 @@ class CapabilityLoop:
                 version=record.descriptor.version,
                 recovered_at_ms=record.recovered_at_ms,
                 health=self.health.setdefault(record.agent_id, routing.AgentHealth()),
-                recent_exec_ms=self.speed.get(record.agent_id),
+                recent_exec_ms=self.recent_speed(record.agent_id, now),
             ))
         return out, filtered
 
@@ -410,9 +425,11 @@ class CapabilityLoop:
     async def _route(self) -> int:
         settings = self.d.settings
         # While grants stand, hand-offs by grant and their quiet completions change the granted
-        # agents' loads without a word: every round reads them first (a round is rare then: the
-        # tasks go straight to the agents). (The set standing is its last writer's: the agents
-        # another dispatcher granted are read by the registry refresh, once a tick.)
+        # agents' loads without a word: every round reads them first. Grants stand only while
+        # the queue is empty (a round that leaves tasks queued takes them back), so a round is
+        # rare then: the tasks go straight to the agents. (The set standing is its last
+        # writer's: the agents another dispatcher granted are read by the registry refresh,
+        # once a tick.)
         self._unsure.update(agent_id for agent_id, _ in self._granted)
         if self._unsure:
             unsure, self._unsure = sorted(self._unsure), set()
@@ -495,13 +512,14 @@ class CapabilityLoop:
             # queue; their replies, read before its own calls go out, give the exact loads.
             # dispatch.lua checks every hand-off itself, so a round routed on that view can
             # only find a task taken or an inbox full, never deliver a task twice.
+            if self._granted:
+                await self._grant(None)  # (tasks are left: grants are taken back, see above)
             self._send(batches, round_.reroutes > 0)
             await asyncio.sleep(0)  # (the calls go out now, not once this step is over)
             return settled + len(choices)
         progressed, _ = self._note_results(batches, await self._dispatch(batches), round_.reroutes > 0)
         await self._count()
-        if grant_round is not None:
-            await self._grant(grant_round)
+        await self._grant(grant_round)  # (the room left; or, with tasks left, no grants)
         return settled + progressed
 
     def _note_results(self, batches: list[protocol.AgentBatch], results: list[protocol.DispatchResult],

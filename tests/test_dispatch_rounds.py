@@ -120,3 +120,43 @@ async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
         assert len(filled) == 2 and loop.total_reroutes >= 8
         assert {a: sum(not t.startswith("other-") for t in entries[a]) for a in filled} == filled
     r.close()
+
+
+async def test_a_round_that_leaves_tasks_queued_takes_the_grants_back(
+    redis_url: str, settings: Settings
+) -> None:
+    # Grants stand only while the queue is empty (submit hands tasks by grant only then, and
+    # completions give grants back only then): a round that leaves tasks queued takes them
+    # back. Otherwise every later round under load would go on reading the loads of agents
+    # granted long ago (see _route), and the grants would outlive the room they promised.
+    r = sync_redis(redis_url)
+    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, 20)
+    sim.register()
+    sim.stop()
+    keys = CapabilityKeys(settings.prefix, CAP)
+    loop = loop_without_service(settings, CAP)
+    refreshed: list[int] = []
+    refresh = loop.refresh_loads
+
+    async def watch_refresh(agent_ids: list[str], health: bool = True) -> None:
+        refreshed.append(len(agent_ids))
+        await refresh(agent_ids, health)
+
+    loop.refresh_loads = watch_refresh  # type: ignore[method-assign]
+    try:
+        await loop.d.view.refresh()
+        await loop._route()  # (nothing queued: the room is granted)
+        assert r.llen(keys.grants) > 0 and r.exists(keys.granted) and loop._granted
+        with ReachClient(settings) as client:  # (sessions: they wait for a round, not a grant)
+            client.submit_many(CAP, [{"i": i} for i in range(400)], session_id="s")
+        refreshed.clear()
+        assert await loop._route()
+        assert refreshed == [20]  # (the granted agents' loads first)
+        assert r.zcard(keys.queue) > 0, "the round was to leave tasks queued"
+        assert not r.exists(keys.grants) and not r.exists(keys.granted) and not loop._granted
+        refreshed.clear()
+        await loop._route()
+        assert refreshed == []  # (no grants stand: nothing changes behind the round's back)
+    finally:
+        await loop.d.redis.aclose()
+        r.close()

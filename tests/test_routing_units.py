@@ -220,3 +220,20 @@ def test_slots_held_by_handlers_past_their_timeout_are_left_out_of_an_agents_con
     loop = CapabilityLoop(SimpleNamespace(settings=settings, view=view), "cap")  # type: ignore[arg-type]
     (candidate,), _ = loop.candidates()
     assert candidate.max_concurrency == seen
+
+
+def test_the_speed_completions_told_counts_only_while_they_keep_telling_it() -> None:
+    # Completions that change nothing but the load are quiet (complete.lua), so the speed the
+    # wake-ups told can be old: after two heartbeats without a word, routing goes by the
+    # heartbeat's latency (an agent whose tasks turned slow must not keep a fast prefetch).
+    settings = Settings.load(redis_url="redis://unused:1/0", prefix="speed", heartbeat_ms=5000)
+    loop = CapabilityLoop(SimpleNamespace(settings=settings, view=None), "cap")  # type: ignore[arg-type]
+    assert loop.recent_speed("a1", time.monotonic()) is None
+    loop.note_speed("a1", 4, 8.0)
+    loop.note_speed("a1", 1, 12.0)
+    now = time.monotonic()
+    assert loop.recent_speed("a1", now) == pytest.approx(0.8 * 2.0 + 0.2 * 12.0)
+    assert loop.recent_speed("a1", now + 9.9) is not None
+    assert loop.recent_speed("a1", now + 10.1) is None
+    loop.note_speed("a1", 0, 5.0)  # (a malformed wake-up is no news)
+    assert loop.recent_speed("a1", now + 10.1) is None
