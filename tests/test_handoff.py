@@ -46,12 +46,13 @@ def grant(r: redis.Redis, settings: Settings, capability: str, *grants: str) -> 
 
 
 def finish_read(r: redis.Redis, settings: Settings, capability: str, agent: str,
-                outcome: str = "success") -> protocol.CompleteReply:
-    """Read what the agent's inbox holds and report all of it ended with `outcome`."""
+                outcome: str = "success", exec_ms: int = 1) -> protocol.CompleteReply:
+    """Read what the agent's inbox holds and report all of it ended with `outcome`, each after
+    `exec_ms`."""
     ck = CapabilityKeys(settings.prefix, capability)
     read = r.xreadgroup(AGENT_GROUP, agent, {ck.inbox(agent): ">"}, count=100)
     body = "{}" if outcome == "success" else "no"
-    done = [protocol.Completion(entry_id, f["id"], f["fence"], outcome, body, 0, 1)
+    done = [protocol.Completion(entry_id, f["id"], f["fence"], outcome, body, 0, exec_ms)
             for entry_id, f in (read[0][1] if read else [])]
     return protocol.parse_complete(Scripts(r)(protocol.complete_call(
         settings, capability, agent, f"token-{agent}", done)))
@@ -97,6 +98,7 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     grant(r, settings, "grants", "cold|40|round-2|60.0|1")
     high = client.submit("grants", {"n": 2}, priority=8)
     assert high.status().state == "queued" and r.lrange(ck.grants, 0, -1) == ["cold|40|round-2|60.0|1"]
+    assert 0 < r.pttl(ck.grants) <= 60_000  # (put back, it still dies with its set)
     r.zrem(ck.queue, split_task_id(high.task_id)[1])  # (so that the queue is empty again)
     low = client.submit("grants", {"n": 3}, priority=2)
     assert low.status().agent_id == "cold" and r.llen(ck.grants) == 0
@@ -238,13 +240,15 @@ def test_a_full_inbox_refuses_its_grant(
 
 
 def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
-    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+    make_settings: Any, r: redis.Redis, prefix: str
 ) -> None:
     # While the queue is empty, a completion of successes only, from an agent with no failures
     # before and a standing grant, changes nothing a dispatcher acts on but the agent's load
     # (which the dispatchers read before their next round): it tells nobody, and each task
     # that came by grant gives that grant back. Anything else is told as before.
     cap = "credit"
+    settings = make_settings(latency_ceiling_ms=100)
+    client = ReachClient(settings)
     ck = CapabilityKeys(prefix, cap)
     channel = Channels(prefix).wake
     pubsub = r.pubsub()
@@ -306,8 +310,17 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         heard()
         finish_read(r, settings, cap, "live")
         assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
+        # A task over the latency ceiling is told (the agent may be on its way to ejection, or
+        # be a slow agent's probe), and gives no grant back.
+        r.hdel(ck.tokens, "draining:live")
+        grant(r, settings, cap, "live|40|round-5|70.0|")
+        client.submit(cap, {"n": 11})
+        heard()
+        finish_read(r, settings, cap, "live", exec_ms=500)
+        assert heard() == ["free credit live 0 0 0 1 500 0"] and r.llen(ck.grants) == 0
     finally:
         pubsub.close()
+        client.close()
 
 
 def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(

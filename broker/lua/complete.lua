@@ -34,14 +34,16 @@
 -- in this capability's slot.
 --
 -- Quiet completion, and credits: while the ready queue is empty, a call whose every report is
--- a success, from an agent without failures before it and whose grant stands (the granted
--- hash names it: the dispatchers read its load before their next round, see
--- dispatcher/capability.py), changed nothing a dispatcher acts on but the agent's load. It
--- publishes nothing (a wake-up per task was most of a dispatcher's work at low load), and it
--- gives back one grant (its agent's standing one) for each of its tasks that came by grant:
--- the slot that grant promised is free again. So a steady trickle of tasks goes producer ->
--- agent -> producer with no dispatcher round at all; only a task that came by grant returns
--- one (the set never grows past what was granted), and the returned grants die with the set.
+-- a success within the latency ceiling, from an agent without failures before it and whose
+-- grant stands (the granted hash names it: the dispatchers read its load before their next
+-- round, see dispatcher/capability.py), changed nothing a dispatcher acts on but the agent's
+-- load. It publishes nothing (a wake-up per task was most of a dispatcher's work at low load),
+-- and it gives back one grant (its agent's standing one) for each of its tasks that came by
+-- grant: the slot that grant promised is free again. So a steady trickle of tasks goes
+-- producer -> agent -> producer with no dispatcher round at all. Only a task that came by
+-- grant returns one, so an agent holds no more grants than the room it was granted (a task
+-- granted under the set before returns its grant to the set now, which was sized while that
+-- task still took its room), and the returned grants die with the set.
 --
 -- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, tasks pulled,
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
@@ -250,15 +252,17 @@ flush_feed(c)
 
 -- A quiet completion (see the top): give the grants back and tell nobody.
 local quiet = false
-if all_ok and pulled == 0 and (cf_before or '0') == '0' and redis.call('ZCARD', KEYS[7]) == 0 then
+if all_ok and not slow_any and pulled == 0 and (cf_before or '0') == '0'
+    and redis.call('ZCARD', KEYS[7]) == 0 then
   local standing = redis.call('HGET', KEYS[11], agent)
   if standing and redis.call('HEXISTS', KEYS[5], 'draining:' .. agent) == 0 then
     quiet = true
     if by_grant > 0 then
       local credits = {}
       for i = 1, by_grant do credits[i] = standing end
-      -- (a list emptied by submits is gone, and with it its expiry: it dies with the set)
-      if redis.call('RPUSH', KEYS[10], unpack(credits)) == by_grant then
+      redis.call('RPUSH', KEYS[10], unpack(credits))
+      -- (a list that submits emptied is gone, and its expiry with it: it dies with the set)
+      if redis.call('PTTL', KEYS[10]) < 0 then
         redis.call('PEXPIRE', KEYS[10], math.max(1, redis.call('PTTL', KEYS[11])))
       end
     end

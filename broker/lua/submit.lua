@@ -65,7 +65,12 @@ local function next_grant(priority)
     if not grant then return nil end
     local agent, most, round, score, low = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
     if agent and low == '1' and priority > low_max then
-      redis.call('RPUSH', grants, grant)  -- for a low-priority task that comes later
+      -- For a low-priority task that comes later. (A list the LPOP emptied is gone, and its
+      -- expiry with it: the grant stands only as long as its set.)
+      if redis.call('RPUSH', grants, grant) == 1 then
+        local ttl = redis.call('PTTL', KEYS[8])
+        if ttl > 0 then redis.call('PEXPIRE', grants, ttl) else redis.call('DEL', grants) end
+      end
     elseif agent then
       local tk = redis.call('HMGET', tokens, agent, 'draining:' .. agent)
       if tk[1] and not tk[2] then
