@@ -11,7 +11,7 @@ import asyncio
 import os
 import threading
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from importlib import resources
 from typing import Any
@@ -54,6 +54,12 @@ class Scripts:
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
         self._kept = threading.local()
+        self._kept_lock = threading.Lock()
+        self._kept_count = 0
+        # Threads keep at most half of the pool's connections: the rest stay for calls that
+        # take one per call (redis-py 8 lends at most 100 by default, and refuses beyond).
+        pool = getattr(client, "connection_pool", None)
+        self._kept_most = int(getattr(pool, "max_connections", 0) or 0) // 2
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         script = self._scripts[call.name]
@@ -89,8 +95,19 @@ class Scripts:
             return self._exchange(args)
 
     def _exchange(self, args: tuple[Any, ...]) -> Any:
-        conn = self._connection()
+        kept = self._kept_connection()
+        pool = self._client.connection_pool
+        # (A pooled one when this thread keeps none, or when its own is in the middle of an
+        # exchange: a signal handler that calls the client while the thread waits in result().)
+        own = kept if kept is not None and not kept.busy else None
+        conn = own.conn if own is not None else pool.get_connection()
+        if own is not None:
+            own.busy = True
         try:
+            if not conn.is_connected:
+                # (connect() itself: a Sentinel connection asks the sentinels for the master
+                # there; the connecting that sending does by itself goes to the last address.)
+                conn.connect()
             conn.send_packed_command(conn.pack_command(*args))
             return conn.read_response()
         except redis.exceptions.ResponseError:
@@ -98,31 +115,56 @@ class Scripts:
         except BaseException:
             conn.disconnect()  # (it connects again when next used)
             raise
+        finally:
+            if own is not None:
+                own.busy = False
+            else:
+                pool.release(conn)
 
-    def _connection(self) -> Any:
+    def _kept_connection(self) -> _Kept | None:
         """The connection this thread keeps for its exchanges. Taking one from the pool and
         giving it back around every exchange cost a producer about a fifth of its CPU per
         round trip (the pool's lock, its health check's poll, redis-py 8's observability
-        hooks): in paired runs 410-415 us against 325-335 us kept. It goes back to the pool
+        hooks): in paired runs 365-370 us against 300-305 us kept. It goes back to the pool
         when the thread ends; a process forked with one takes its own (a connection is never
         shared by two processes). One the server dropped fails its exchange and connects
-        again (command() gives the call one more try, as it did with pooled ones)."""
+        again (command() gives the call one more try, as it did with pooled ones). None once
+        threads keep half of the pool's connections: the others' calls take one per call."""
         kept: _Kept | None = getattr(self._kept, "kept", None)
-        if kept is None or kept.pid != os.getpid():
-            kept = self._kept.kept = _Kept(self._client.connection_pool)
-        return kept.conn
+        if kept is not None and kept.pid == os.getpid():
+            return kept
+        with self._kept_lock:
+            if self._kept_count >= self._kept_most:
+                return None
+            self._kept_count += 1
+        try:
+            kept = self._kept.kept = _Kept(self._client.connection_pool, self._given_back)
+        except BaseException:
+            self._given_back()
+            raise
+        return kept
+
+    def _given_back(self) -> None:
+        with self._kept_lock:
+            self._kept_count -= 1
 
 
 class _Kept:
-    """A pooled connection that one thread keeps (Scripts._connection): its thread's local
-    storage holds this, so it is given back to the pool once the thread ends."""
+    """A pooled connection that one thread keeps (Scripts._kept_connection): its thread's
+    local storage holds this, so it is given back to the pool once the thread ends."""
 
-    __slots__ = ("__weakref__", "conn", "pid")
+    __slots__ = ("__weakref__", "busy", "conn", "pid")
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, given_back: Callable[[], None]) -> None:
         self.conn = pool.get_connection()
         self.pid = os.getpid()
-        weakref.finalize(self, pool.release, self.conn)
+        self.busy = False
+        weakref.finalize(self, _give_back, pool, self.conn, given_back)
+
+
+def _give_back(pool: Any, conn: Any, given_back: Callable[[], None]) -> None:
+    pool.release(conn)
+    given_back()
 
 
 class AsyncScripts:
@@ -249,7 +291,9 @@ class Lane:
     while the lane sat idle (a restart, a proxy's idle timeout), or that holds a stray reply,
     is connected again first. A connection whose exchange failed, timed out or was abandoned
     half way is closed (see AsyncScripts._exchange) and given back; the next exchange takes
-    a fresh one."""
+    a fresh one. (So after a Sentinel failover a lane, like a pooled connection in use, moves
+    to the new master once the old one refuses it: a demoted master answers READONLY, which
+    redis-py's Sentinel connection turns into a connection error.)"""
 
     def __init__(self, scripts: AsyncScripts) -> None:
         self._scripts = scripts
@@ -269,8 +313,11 @@ class Lane:
             conn = self._conn
             if conn is None:
                 conn = self._conn = await self._scripts.pool.get_connection()
-            elif await _stale(conn):
+            elif await _stale(conn) or not conn.is_connected:
+                # (connect() itself, as the pool does: a Sentinel connection asks the sentinels
+                # for the master there; the connecting that sending does goes to the last address.)
                 await conn.disconnect()
+                await conn.connect()
             try:
                 return await self._scripts._exchange(conn, commands)
             except BaseException:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import hashlib
 import os
+import signal
 import threading
 import time
 from typing import Any
@@ -193,6 +194,53 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
     assert forked and forked not in (mine, theirs[0])
     assert scripts.command("CLIENT", "ID") == mine  # (the parent's is untouched)
     sync.close()
+
+
+def test_a_signal_handler_that_calls_the_client_mid_exchange_uses_a_connection_of_its_own(
+    request: pytest.FixtureRequest, settings: Settings
+) -> None:
+    # (A thread's kept connection is in the middle of an exchange while result() waits on it:
+    # a signal handler that calls the client then, say to cancel the task on Ctrl-C, must not
+    # write on it, or each would read the other's reply.)
+    if request.node.callspec.params.get("redis_url") == "cluster":
+        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    sync = connection.sync_client(settings)
+    scripts = Scripts(sync)
+    mine = scripts.command("CLIENT", "ID")
+    seen: list[Any] = []
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        seen.append(scripts.command("CLIENT", "ID"))
+
+    before = signal.signal(signal.SIGALRM, on_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        assert scripts.command("BLPOP", f"{settings.prefix}:never", 1) is None  # (waits 1 s)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, before)
+    assert len(seen) == 1 and seen[0] != mine
+    assert scripts.command("CLIENT", "ID") == mine  # (still in step)
+    sync.close()
+    # Threads keep at most half of a pool's connections: the others take one per call, and
+    # the pool never runs dry for them.
+    bounded = redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+        settings.redis_url, max_connections=2, timeout=1, decode_responses=True))
+    limited = Scripts(bounded)
+    assert limited.command("PING") == "PONG" and limited._kept_connection() is not None
+    kept_elsewhere: list[Any] = []
+
+    def other() -> None:
+        kept_elsewhere.extend([limited.command("PING"), limited._kept_connection()])
+
+    for _ in range(3):
+        thread = threading.Thread(target=other)
+        thread.start()
+        thread.join()
+    assert kept_elsewhere == ["PONG", None] * 3
+    spare = bounded.connection_pool.get_connection()  # (one left besides this thread's own)
+    bounded.connection_pool.release(spare)
+    bounded.close()
 
 
 def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped(
