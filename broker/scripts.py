@@ -73,7 +73,7 @@ class Scripts:
         return script(keys=call.keys, args=call.args, client=client)
 
     def _evalsha(self, sha: str, call: ScriptCall) -> Any:
-        """EVALSHA straight on the connection this thread keeps (see _connection). redis-py's
+        """EVALSHA straight on the connection this thread keeps (see _kept_connection). redis-py's
         execute_command wraps each command in a retry loop and observability hooks, about a
         third of the CPU a producer's submit costs. A connection that fails half way is
         closed, never reused with a reply unread. A lost connection (one a proxy or a failover
@@ -313,7 +313,7 @@ class Lane:
             conn = self._conn
             if conn is None:
                 conn = self._conn = await self._scripts.pool.get_connection()
-            elif await _stale(conn) or not conn.is_connected:
+            elif not conn.is_connected or await _stale(conn):
                 # (connect() itself, as the pool does: a Sentinel connection asks the sentinels
                 # for the master there; the connecting that sending does goes to the last address.)
                 await conn.disconnect()
@@ -336,8 +336,6 @@ class Lane:
 async def _stale(conn: Any) -> bool:
     """Whether a kept connection must be connected again before use: the server closed it, or
     something unread sits in it (redis-py's pool asks the same before it hands one out)."""
-    if not conn.is_connected:
-        return False  # (it connects when written to)
     try:
         return bool(await conn.can_read())
     except (redis.exceptions.ConnectionError, OSError):
