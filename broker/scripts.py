@@ -96,11 +96,10 @@ class Scripts:
 
     def _exchange(self, args: tuple[Any, ...]) -> Any:
         kept = self._kept_connection()
-        pool = self._client.connection_pool
         # (A pooled one when this thread keeps none, or when its own is in the middle of an
         # exchange: a signal handler that calls the client while the thread waits in result().)
         own = kept if kept is not None and not kept.busy else None
-        conn = own.conn if own is not None else pool.get_connection()
+        conn = own.conn if own is not None else self._client.connection_pool.get_connection()
         if own is not None:
             own.busy = True
         try:
@@ -119,7 +118,7 @@ class Scripts:
             if own is not None:
                 own.busy = False
             else:
-                pool.release(conn)
+                self._client.connection_pool.release(conn)
 
     def _kept_connection(self) -> _Kept | None:
         """The connection this thread keeps for its exchanges. Taking one from the pool and

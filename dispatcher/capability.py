@@ -512,8 +512,7 @@ class CapabilityLoop:
             # queue; their replies, read before its own calls go out, give the exact loads.
             # dispatch.lua checks every hand-off itself, so a round routed on that view can
             # only find a task taken or an inbox full, never deliver a task twice.
-            if self._granted:
-                await self._grant(None)  # (tasks are left: grants are taken back, see above)
+            await self._grant(grant_round)  # (tasks are left: no grants, see above)
             self._send(batches, round_.reroutes > 0)
             await asyncio.sleep(0)  # (the calls go out now, not once this step is over)
             return settled + len(choices)

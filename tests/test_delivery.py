@@ -113,6 +113,18 @@ def test_calls_sent_together_keep_their_replies_and_an_exchange_past_its_timeout
     asyncio.run(scenario())
 
 
+def skip_on_cluster(request: pytest.FixtureRequest) -> None:
+    """The lean paths (Scripts, AsyncScripts and their kept connections) hand every call to
+    redis-py's cluster client on Cluster: what these tests pin down is not used there."""
+    if request.node.callspec.params.get("redis_url") == "cluster":
+        pytest.skip("on Cluster the calls go through redis-py's own paths")
+
+
+def connection_id(scripts: Scripts) -> int:
+    """The id Redis gives the connection the calling thread's next lean call goes on."""
+    return int(scripts.command("CLIENT", "ID"))
+
+
 def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     request: pytest.FixtureRequest, settings: Settings, r: redis.Redis
 ) -> None:
@@ -120,8 +132,7 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     # AsyncScripts.run_all and Scripts._evalsha, take a pooled connection themselves; a dead
     # one must be replaced, not fail the call: with redis-py 8's maintenance notifications
     # on, the asyncio pool handed it out as it was.)
-    if request.node.callspec.params.get("redis_url") == "cluster":
-        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    skip_on_cluster(request)
     nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
 
     def drop(client_id: int) -> None:
@@ -130,7 +141,7 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     sync = connection.sync_client(settings)
     scripts = Scripts(sync)
     assert scripts(nobody) == 0
-    drop(scripts.command("CLIENT", "ID"))  # (the connection this thread keeps)
+    drop(connection_id(scripts))  # (the connection this thread keeps)
     assert scripts(nobody) == 0
     sync.close()
 
@@ -161,17 +172,16 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
     # (The synchronous lean path, Scripts._exchange, keeps one connection per thread instead of
     # a pooled one per call. Threads must not share one, an ended thread must not hold one
     # for ever, and a forked process must never write to its parent's.)
-    if request.node.callspec.params.get("redis_url") == "cluster":
-        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    skip_on_cluster(request)
     sync = connection.sync_client(settings)
     scripts = Scripts(sync)
     pool = sync.connection_pool
-    mine = scripts.command("CLIENT", "ID")
-    assert scripts.command("CLIENT", "ID") == mine
+    mine = connection_id(scripts)
+    assert connection_id(scripts) == mine
     theirs: list[Any] = []
 
     def other() -> None:
-        theirs.extend([scripts.command("CLIENT", "ID"), scripts.command("CLIENT", "ID"),
+        theirs.extend([connection_id(scripts), connection_id(scripts),
                        scripts._kept.kept.conn])
 
     thread = threading.Thread(target=other)
@@ -184,7 +194,7 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
     child = os.fork()
     if child == 0:  # (the child: report its connection's id, then leave at once)
         try:
-            os.write(write, str(scripts.command("CLIENT", "ID")).encode())
+            os.write(write, str(connection_id(scripts)).encode())
         finally:
             os._exit(0)
     os.close(write)
@@ -192,7 +202,7 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
         forked = int(pipe.read() or 0)
     os.waitpid(child, 0)
     assert forked and forked not in (mine, theirs[0])
-    assert scripts.command("CLIENT", "ID") == mine  # (the parent's is untouched)
+    assert connection_id(scripts) == mine  # (the parent's is untouched)
     sync.close()
 
 
@@ -202,15 +212,14 @@ def test_a_signal_handler_that_calls_the_client_mid_exchange_uses_a_connection_o
     # (A thread's kept connection is in the middle of an exchange while result() waits on it:
     # a signal handler that calls the client then, say to cancel the task on Ctrl-C, must not
     # write on it, or each would read the other's reply.)
-    if request.node.callspec.params.get("redis_url") == "cluster":
-        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    skip_on_cluster(request)
     sync = connection.sync_client(settings)
     scripts = Scripts(sync)
-    mine = scripts.command("CLIENT", "ID")
+    mine = connection_id(scripts)
     seen: list[Any] = []
 
     def on_alarm(signum: int, frame: Any) -> None:
-        seen.append(scripts.command("CLIENT", "ID"))
+        seen.append(connection_id(scripts))
 
     before = signal.signal(signal.SIGALRM, on_alarm)
     try:
@@ -220,7 +229,7 @@ def test_a_signal_handler_that_calls_the_client_mid_exchange_uses_a_connection_o
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, before)
     assert len(seen) == 1 and seen[0] != mine
-    assert scripts.command("CLIENT", "ID") == mine  # (still in step)
+    assert connection_id(scripts) == mine  # (still in step)
     sync.close()
     # Threads keep at most half of a pool's connections: the others take one per call, and
     # the pool never runs dry for them.
@@ -250,8 +259,7 @@ def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped
     # instead of a pooled one per exchange. It must behave as the pool would: replies always
     # in step, a connection the server dropped while idle replaced before use, one whose
     # exchange failed half way never used again.)
-    if request.node.callspec.params.get("redis_url") == "cluster":
-        pytest.skip("on Cluster the calls go through redis-py's own paths")
+    skip_on_cluster(request)
     nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
     never = f"{settings.prefix}:lane:never"
 
@@ -276,7 +284,7 @@ def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped
         assert await lane.run_all([nobody, nobody]) == [0, 0]
         # Two exchanges at once on one lane: the second takes a pooled connection.
         blocked = asyncio.ensure_future(lane.command("BLPOP", never, 0.2))
-        await asyncio.sleep(0)
+        await asyncio_wait_until(lambda: lane.busy, message="the first exchange on the lane")
         assert await lane.command("CLIENT", "ID") not in (first, second, third)
         assert await blocked is None
         assert await lane.command("CLIENT", "ID") == third

@@ -162,7 +162,8 @@ for i = 0, n - 1 do
   if status == 'ok' then
     succeeded, failures = true, 0
     oks = oks + 1
-    if f[13] and string.match(f[13], '^[^|]*|([^|]*)|') == 'grant' then by_grant = by_grant + 1 end
+    -- (`round|why|score|eligible`: only `why` can read 'grant'; a plain find, on a drain's path)
+    if f[13] and string.find(f[13], '|grant|', 1, true) then by_grant = by_grant + 1 end
   elseif (status == 'failed' or status == 'retry') and outcome ~= 'invalid_request' then
     failures, failed_any = failures + 1, true
   end
