@@ -54,12 +54,10 @@ class Scripts:
         self._cluster = isinstance(client, RedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
         self._kept = threading.local()
-        self._kept_lock = threading.Lock()
-        self._kept_count = 0
         # Threads keep at most half of the pool's connections: the rest stay for calls that
         # take one per call (redis-py 8 lends at most 100 by default, and refuses beyond).
         pool = getattr(client, "connection_pool", None)
-        self._kept_most = int(getattr(pool, "max_connections", 0) or 0) // 2
+        self._kept_quota = _KeptQuota(int(getattr(pool, "max_connections", 0) or 0) // 2)
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         script = self._scripts[call.name]
@@ -132,20 +130,41 @@ class Scripts:
         kept: _Kept | None = getattr(self._kept, "kept", None)
         if kept is not None and kept.pid == os.getpid():
             return kept
-        with self._kept_lock:
-            if self._kept_count >= self._kept_most:
-                return None
-            self._kept_count += 1
+        quota = self._kept_quota
+        if not quota.take():
+            return None
         try:
-            kept = self._kept.kept = _Kept(self._client.connection_pool, self._given_back)
+            kept = self._kept.kept = _Kept(self._client.connection_pool, quota.give_back)
         except BaseException:
-            self._given_back()
+            quota.give_back()
             raise
         return kept
 
-    def _given_back(self) -> None:
-        with self._kept_lock:
-            self._kept_count -= 1
+
+class _KeptQuota:
+    """How many connections threads keep from one pool, at most `most`. Apart from Scripts
+    because the finalizer of every kept connection holds its give_back: were that a method of
+    Scripts, the finalizers would keep the Scripts, its client and its pool alive until every
+    thread that used it ended (a dropped client's connections open for the life of the main
+    thread), instead of the client's end dropping its thread-local and with it the _Kepts."""
+
+    __slots__ = ("_count", "_lock", "_most")
+
+    def __init__(self, most: int) -> None:
+        self._lock = threading.Lock()
+        self._count = 0
+        self._most = most
+
+    def take(self) -> bool:
+        with self._lock:
+            if self._count >= self._most:
+                return False
+            self._count += 1
+            return True
+
+    def give_back(self) -> None:
+        with self._lock:
+            self._count -= 1
 
 
 class _Kept:

@@ -9,6 +9,7 @@ import os
 import signal
 import threading
 import time
+import weakref
 from typing import Any
 
 import pytest
@@ -204,6 +205,40 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
     assert forked and forked not in (mine, theirs[0])
     assert connection_id(scripts) == mine  # (the parent's is untouched)
     sync.close()
+
+
+def test_a_client_dropped_without_close_lets_go_of_the_connections_its_threads_kept(
+    request: pytest.FixtureRequest, settings: Settings, r: redis.Redis
+) -> None:
+    # (A service that makes a client per request and never closes it, on its main thread or
+    # on pool threads that live for ever, must not keep a server connection per request: the
+    # kept connections go with the client, as redis-py's pooled ones do, not with the threads.)
+    skip_on_cluster(request)
+    held = [ReachClient(settings)]  # (the only reference: the thread below must not keep one)
+    held[0].submit("dropped", {"n": 1})
+    ids = [connection_id(held[0]._scripts)]
+    release = threading.Event()
+    kept_there = threading.Event()
+
+    def long_lived() -> None:
+        ids.append(connection_id(held[0]._scripts))
+        kept_there.set()
+        release.wait(60)
+
+    thread = threading.Thread(target=long_lived)
+    thread.start()
+    try:
+        assert kept_there.wait(10)
+        scripts = weakref.ref(held[0]._scripts)
+        held.clear()
+        gc.collect()
+        assert scripts() is None, "something still holds the dropped client's scripts"
+        for client_id in ids:
+            wait_until(lambda client_id=client_id: not r.execute_command("CLIENT", "LIST", "ID", client_id),
+                       message=f"the kept connection {client_id} to close")
+    finally:
+        release.set()
+        thread.join()
 
 
 def test_a_signal_handler_that_calls_the_client_mid_exchange_uses_a_connection_of_its_own(
