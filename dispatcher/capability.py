@@ -166,15 +166,18 @@ class CapabilityLoop:
             running = min(before.running if before else 0, outstanding)
         self.loads[agent_id] = routing.InboxLoad(outstanding, running)
 
-    def note_speed(self, agent_id: str, finished: int, exec_ms: float) -> None:
+    def note_speed(self, agent_id: str, finished: int, exec_ms: float, now: float | None = None) -> None:
         """Mean execution time of an agent's latest completions (a moving average), so the
-        refill allowance follows its speed now rather than at its last heartbeat."""
+        refill allowance follows its speed now rather than at its last heartbeat. `now`:
+        monotonic seconds (default: the clock's)."""
         if finished <= 0 or not math.isfinite(exec_ms) or exec_ms < 0:
             return  # (a malformed wake-up: "nan" parses as a float and would stick in the mean)
+        now = time.monotonic() if now is None else now
         mean = exec_ms / finished
-        before = self.speed.get(agent_id)
-        self.speed[agent_id] = (mean if before is None else 0.8 * before[0] + 0.2 * mean,
-                                time.monotonic())
+        # (A speed no longer counted, see recent_speed, is no part of the new one either: an
+        # agent quiet for minutes whose tasks turned slow is slow now, not a fifth of it.)
+        before = self.recent_speed(agent_id, now)
+        self.speed[agent_id] = (mean if before is None else 0.8 * before + 0.2 * mean, now)
 
     def recent_speed(self, agent_id: str, now: float) -> float | None:
         """The agent's speed from note_speed while the wake-ups keep telling it; None once

@@ -237,3 +237,8 @@ def test_the_speed_completions_told_counts_only_while_they_keep_telling_it() -> 
     assert loop.recent_speed("a1", now + 10.1) is None
     loop.note_speed("a1", 0, 5.0)  # (a malformed wake-up is no news)
     assert loop.recent_speed("a1", now + 10.1) is None
+    # A speed told again after that starts afresh: the old one is no part of it.
+    loop.note_speed("a1", 2, 9000.0, now + 10.1)
+    assert loop.recent_speed("a1", now + 10.1) == pytest.approx(4500.0)
+    loop.note_speed("a1", 1, 500.0, now + 11.0)
+    assert loop.recent_speed("a1", now + 11.0) == pytest.approx(0.8 * 4500.0 + 0.2 * 500.0)
