@@ -239,10 +239,13 @@ def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult]
     return results, peeked
 
 
-def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int) -> ScriptCall:
-    """Replace the capability's grants (`agent|most unread|round|score|low`, in order of use)."""
+def grant_call(settings: Settings, capability: str, grants: Sequence[str], ttl_ms: int,
+               probes: Sequence[str] = ()) -> ScriptCall:
+    """Replace the capability's grants (`agent|most unread|round|score|low`, in order of use),
+    carrying over the probe grants of the agents `probes` that the set replaced still held
+    unused (see grant.lua): the reply is [grants standing, those agents...]."""
     ck = CapabilityKeys(settings.prefix, capability)
-    return ScriptCall("grant", [ck.grants, ck.granted], [ttl_ms, *grants])
+    return ScriptCall("grant", [ck.grants, ck.granted], [ttl_ms, len(probes), *probes, *grants])
 
 
 def pulls_call(settings: Settings, capability: str, pulls: dict[str, str], ttl_ms: int) -> ScriptCall:

@@ -96,6 +96,9 @@ class CapabilityLoop:
         """The grants standing (agent, low-priority only; sorted), as this dispatcher last
         wrote them."""
         self._granted_until = 0.0
+        self._probe_grants: dict[str, int] = {}
+        """Agents whose probe this dispatcher granted and, as far as it knows, no submit has
+        taken yet, with the probe's time in `probes` (see grant.lua)."""
         self._unsure: set[str] = set()
         """Agents whose inbox loads the next round reads first: those granted (submits hand
         them tasks, and their completions end tasks, without telling while the grants stand:
@@ -585,6 +588,8 @@ class CapabilityLoop:
         # Agent and cold flag: an agent back from a failure in the grants as before must have
         # its grants rewritten at once (low-priority only), not when the old ones are refreshed.
         shape: list[tuple[str, bool]] = []
+        probes: dict[str, int] = {}
+        carry: list[str] = []
         if round_ is not None:
             snapshot_id = await self._snapshot(round_)
             by_id = {c.agent_id: c for c in round_.agents}
@@ -593,16 +598,39 @@ class CapabilityLoop:
                 grants.append(f"{choice.agent_id}|{unread}|{snapshot_id}|{choice.score}|"
                               f"{'1' if low_only else ''}")
                 shape.append((choice.agent_id, low_only))
+                if choice.why == "probe":
+                    probes[choice.agent_id] = self.probes[choice.agent_id]
+            if grants:
+                # A probe granted before and not taken yet stays in the set (grant.lua): the
+                # round counted it as out, so it names the agent no more. (Not for an agent
+                # the dispatcher no longer sees serving, whatever its circuit.)
+                present = {c.agent_id for c in round_.candidates}
+                carry = sorted(agent for agent in self._probe_grants
+                               if agent in present and agent not in probes)
+                shape += [(agent, False) for agent in carry]
         shape.sort()
         now = time.monotonic()
         if shape == self._granted and now < self._granted_until and not self._grants_running_low():
             return
-        if not grants and not self._granted:
+        if not grants and not self._granted and not self._probe_grants:
             return
         ttl_ms = GRANT_TTL_TICKS * settings.idle_tick_ms
-        await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms))
-        self._grants_written = self._grants_left = len(grants)
-        self._granted = shape
+        looking = carry if grants else sorted(self._probe_grants)
+        reply = await self.d.scripts(protocol.grant_call(settings, self.capability, grants, ttl_ms, looking))
+        unused = set(reply[1:])
+        if grants:
+            carried = {agent: self._probe_grants[agent] for agent in carry if agent in unused}
+        else:
+            # The grants are taken back: a probe they held unused never went out, and the
+            # agent may have it from a dispatch round (else it would wait a lease for nothing).
+            carried = {}
+            for agent in unused:
+                if self.probes.get(agent) == self._probe_grants.get(agent):
+                    del self.probes[agent]
+        self._probe_grants = {**carried, **probes}
+        self._grants_written = self._grants_left = int(reply[0])
+        self._granted = sorted([entry for entry in shape if entry[0] not in carry]
+                               + [(agent, False) for agent in carried])
         self._granted_until = now + ttl_ms / 3000
 
     async def _pull(self, round_: routing.RoutingRound | None) -> None:

@@ -323,6 +323,47 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         client.close()
 
 
+def test_a_probe_grant_not_taken_yet_outlives_the_set_that_replaces_it(
+    make_settings: Any, r: redis.Redis, prefix: str
+) -> None:
+    # An agent back from an open circuit gets one probe, by grant while the queue is empty, and
+    # the dispatcher counts it as out from then on. A rewrite of the grants that dropped it
+    # unused would keep the agent out for a lease with no probe running (rounds come every few
+    # milliseconds under load): the rewrite carries it over, first, until a submit takes it.
+    cap = "probing"
+    settings = make_settings()
+    client = ReachClient(settings)
+    ck = CapabilityKeys(prefix, cap)
+    scripts = Scripts(r)
+    probe, plain = "flaky|8|round-1|40.0|", "solid|8|round-1|60.0|"
+
+    def rewrite(grants: list[str], probes: list[str]) -> list[Any]:
+        return list(scripts(protocol.grant_call(settings, cap, grants, 60_000, probes)))
+
+    try:
+        for agent in ("flaky", "solid"):
+            bind(r, settings, cap, agent)
+        assert rewrite([probe, plain], []) == [2]
+        # The next round counts the probe as out: its set does not name flaky.
+        assert rewrite(["solid|8|round-2|60.0|"] * 2, ["flaky"]) == [3, "flaky"]
+        assert r.lrange(ck.grants, 0, -1) == [probe] + ["solid|8|round-2|60.0|"] * 2
+        assert r.hget(ck.granted, "flaky") == probe and r.hget(ck.granted, "#") == "3"
+        assert r.pttl(ck.grants) > 0 and r.pttl(ck.granted) > 0
+        # A submit takes it: the probe is out for real, and the next rewrite has none to carry.
+        handle = client.submit(cap, {"n": 1})
+        assert client.status(handle.task_id).agent_id == "flaky"
+        assert rewrite([plain], ["flaky"]) == [1]
+        assert r.lrange(ck.grants, 0, -1) == [plain] and r.hget(ck.granted, "flaky") is None
+        # Grants taken back (tasks queued again): nothing is carried, but an unused probe is
+        # named, so that the dispatcher can give it by a round instead.
+        assert rewrite([probe, plain], []) == [2]
+        assert rewrite([], ["flaky"]) == [0, "flaky"]
+        assert not r.exists(ck.grants) and not r.exists(ck.granted)
+        assert rewrite([], ["flaky"]) == [0]
+    finally:
+        client.close()
+
+
 def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(
     client: ReachClient, settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
