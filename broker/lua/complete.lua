@@ -43,7 +43,10 @@
 -- producer -> agent -> producer with no dispatcher round at all. Only a task that came by
 -- grant returns one, so an agent holds no more grants than the room it was granted (a task
 -- granted under the set before returns its grant to the set now, which was sized while that
--- task still took its room), and the returned grants die with the set.
+-- task still took its room), and the returned grants die with the set. (A set written from
+-- loads read just before submits took grants of the set before is off by those tasks, and its
+-- credits keep it so, until the next rewrite, a third of the grants' TTL at most; submit's
+-- check of the inbox limit holds either way.)
 --
 -- Returns {'REFUSED'} for a bad token, else {inbox length, inbox pending, tasks pulled,
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
