@@ -611,6 +611,9 @@ class CapabilityLoop:
         shape.sort()
         now = time.monotonic()
         if shape == self._granted and now < self._granted_until and not self._grants_running_low():
+            # (The standing set names these agents as this one would: a probe granted here is
+            # the standing grant of its agent.)
+            self._probe_grants.update(probes)
             return
         if not grants and not self._granted and not self._probe_grants:
             return
