@@ -121,6 +121,13 @@ def skip_on_cluster(request: pytest.FixtureRequest) -> None:
         pytest.skip("on Cluster the calls go through redis-py's own paths")
 
 
+def lean_scripts(request: pytest.FixtureRequest, settings: Settings) -> tuple[redis.Redis, Scripts]:
+    """A client and the Scripts whose lean path the test pins down (skipped on Cluster)."""
+    skip_on_cluster(request)
+    sync = connection.sync_client(settings)
+    return sync, Scripts(sync)
+
+
 def connection_id(scripts: Scripts) -> int:
     """The id Redis gives the connection the calling thread's next lean call goes on."""
     return int(scripts.command("CLIENT", "ID"))
@@ -173,9 +180,7 @@ def test_a_thread_keeps_its_connection_gives_it_back_when_it_ends_and_a_fork_tak
     # (The synchronous lean path, Scripts._exchange, keeps one connection per thread instead of
     # a pooled one per call. Threads must not share one, an ended thread must not hold one
     # for ever, and a forked process must never write to its parent's.)
-    skip_on_cluster(request)
-    sync = connection.sync_client(settings)
-    scripts = Scripts(sync)
+    sync, scripts = lean_scripts(request, settings)
     pool = sync.connection_pool
     mine = connection_id(scripts)
     assert connection_id(scripts) == mine
@@ -247,9 +252,7 @@ def test_a_signal_handler_that_calls_the_client_mid_exchange_uses_a_connection_o
     # (A thread's kept connection is in the middle of an exchange while result() waits on it:
     # a signal handler that calls the client then, say to cancel the task on Ctrl-C, must not
     # write on it, or each would read the other's reply.)
-    skip_on_cluster(request)
-    sync = connection.sync_client(settings)
-    scripts = Scripts(sync)
+    sync, scripts = lean_scripts(request, settings)
     mine = connection_id(scripts)
     seen: list[Any] = []
 

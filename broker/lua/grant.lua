@@ -19,13 +19,15 @@
 -- name the agent). When the new set is empty (the queue has tasks again: grants are taken
 -- back) nothing is carried, and the dispatcher takes the probe back instead.
 -- Returns {grants standing, then the agents of P whose probe grant was still unused}.
+local function agent_of(grant) return string.match(grant, '^([^|]+)|') end
+
 local p = tonumber(ARGV[2])
 local unused = {}
 if p > 0 then
   local looking = {}
   for i = 3, 2 + p do looking[ARGV[i]] = true end
   for _, grant in ipairs(redis.call('LRANGE', KEYS[1], 0, -1)) do
-    local agent = string.match(grant, '^([^|]+)|')
+    local agent = agent_of(grant)
     if agent and looking[agent] then
       looking[agent] = nil
       unused[#unused + 1] = grant
@@ -39,13 +41,13 @@ if #ARGV >= 3 + p then
   for _, grant in ipairs(unused) do grants[#grants + 1] = grant end
   for i = 3 + p, #ARGV do grants[#grants + 1] = ARGV[i] end
 end
-for _, grant in ipairs(unused) do out[#out + 1] = string.match(grant, '^([^|]+)|') end
+for _, grant in ipairs(unused) do out[#out + 1] = agent_of(grant) end
 if #grants == 0 then return out end
 call_in_chunks('RPUSH', KEYS[1], grants, 1)
 local by_agent = {'#', tostring(#grants)}
 local seen = {}
 for _, grant in ipairs(grants) do
-  local agent = string.match(grant, '^([^|]+)|')
+  local agent = agent_of(grant)
   if agent and not seen[agent] then
     seen[agent] = true
     by_agent[#by_agent + 1] = agent
