@@ -1,6 +1,6 @@
 """Running one attempt of a task: call the handler and classify the end.
 
-The execution timeout is kept by the worker (runtime.py, one timer for all its running
+The execution timeout is kept by the worker (attempts.py, one timer for all its running
 attempts rather than one per attempt): it marks the context timed out and cancels the attempt.
 Async handlers are cancelled then. Sync handlers run in a thread that cannot be stopped: the
 attempt is reported as timed out (retryable) and whatever the thread returns later is thrown

@@ -19,8 +19,10 @@ from typing import Any
 import redis
 
 from agent_worker.stats import FULL_STATS_EVERY_S, changed
-from broker import connection, protocol
+from broker.infra import connection
 from broker.models import AgentDescriptor
+from broker.protocol.agents import bind_call, heartbeat_call, parse_heartbeat, register_call
+from broker.protocol.calls import Status
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
 
@@ -44,12 +46,12 @@ async def register(settings: Settings, client: Any, scripts: AsyncScripts,
                    descriptor: AgentDescriptor) -> str:
     """Register (idempotent upsert) and bind every capability; returns the new token."""
     token, sha = new_token()
-    await scripts(protocol.register_call(
+    await scripts(register_call(
         settings, descriptor.agent_id, sha, descriptor.model_dump_json(),
         round(descriptor.warmup_s * 1000), descriptor.capabilities,
     ))
     for capability in descriptor.capabilities:
-        await scripts(protocol.bind_call(settings, capability, descriptor.agent_id, sha))
+        await scripts(bind_call(settings, capability, descriptor.agent_id, sha))
     return token
 
 
@@ -112,23 +114,23 @@ class HeartbeatThread(threading.Thread):
             fresh = changed(self._sent, stats) or time.monotonic() - self._sent_at >= FULL_STATS_EVERY_S
             sent_at = time.time()
             token = self._token()
-            reply = self._scripts(protocol.heartbeat_call(
+            reply = parse_heartbeat(self._scripts(heartbeat_call(
                 self.settings, self.agent_id, token, stats, self._mode, significant=fresh
-            ))
-            if reply[0] == "ok" and len(reply) > 1:
-                self.clock_offset_ms = int(reply[1]) - (sent_at + time.time()) * 500
-            if fresh and reply[0] == "ok":
+            )))
+            if reply.status is Status.OK and reply.server_ms is not None:
+                self.clock_offset_ms = reply.server_ms - (sent_at + time.time()) * 500
+            if fresh and reply.status is Status.OK:
                 self._sent, self._sent_at = stats, time.monotonic()
         except (redis.exceptions.RedisError, OSError) as exc:
             self.failures += 1
             if self.failures == 1 or self.failures % 10 == 0:
                 log.warning("heartbeat failed (%s); the agent keeps working", exc)
             return False
-        if reply[0] != "ok":
+        if reply.status is not Status.OK:
             if token != self._token():  # (registered again while it was on its way: beat anew)
                 self._wake.set()
                 return False
-            log.error("registry refused this agent's heartbeat (%s); registering again", reply[0])
+            log.error("registry refused this agent's heartbeat (%s); registering again", reply.status)
             self._sent = {}
             self._on_refused(token)
             return False

@@ -16,11 +16,11 @@ Two measurements, because they answer different questions:
    rate is (n-1) / (last dispatched_at - first dispatched_at) from the task records (server
    clock). The dispatcher's CPU use over the same span says whether it was CPU-bound or waiting
    for Redis.
-2. **The routing code alone, in process**: rounds as `CapabilityLoop._route` makes them, minus
-   Redis: `candidates()`, a `routing.RoutingRound`, as many ready tasks as the dispatcher takes
-   in one round (up to ROUND_TASKS_PER_AGENT per eligible agent), a choice and an explanation
-   string per task, over the same number of healthy agents, timed with process CPU time: the
-   ceiling the pure-Python choice sets.
+2. **The routing code alone, in process**: rounds as `CapabilityLoop.route` makes them, minus
+   Redis: the dispatcher's own `Observations.candidates()`, a `RoutingRound`, as many ready
+   tasks as it takes in one round (`routing.round_tasks`), a choice and an explanation per task,
+   over the same number of healthy agents, timed with process CPU time: the ceiling the
+   pure-Python choice sets.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import os
 import random
 import threading
 import time
-from types import SimpleNamespace
 from typing import Any
 
 from bench.context import Bench
@@ -39,15 +38,17 @@ from bench.procs import Proc, ProcessFailed, set_affinity
 from bench.rows.base import STALL_S, payload, ready_all
 from bench.rows.reach import preload_scripts
 from bench.workers.sim_consumer import agent_ids
-from broker import ReachClient, protocol
+from broker import ReachClient
 from broker.keys import CapabilityKeys
 from broker.models import AgentDescriptor
+from broker.protocol.agents import bind_call, heartbeat_call, register_call
+from broker.protocol.grants import Explanation
 from broker.registry import AgentRecord
 from broker.scripts import Scripts
 from broker.settings import Settings
-from dispatcher import capability, routing
-from dispatcher.capability import CapabilityLoop
-from dispatcher.registry_view import RegistryView
+from dispatcher import routing
+from dispatcher.context import DispatcherContext
+from dispatcher.observations import Observations
 
 CAP = "sim"
 STAND_INS = {"trim": "empty their inboxes", "read": "read through the group"}
@@ -84,9 +85,9 @@ class SimulatedAgents:
                 self.tokens[agent_id] = token
                 descriptor = AgentDescriptor(agent_id=agent_id, capabilities=[CAP],
                                              max_concurrency=CONCURRENCY, host="bench", pid=0)
-                self.scripts(protocol.register_call(self.settings, agent_id, sha,
+                self.scripts(register_call(self.settings, agent_id, sha,
                                                     descriptor.model_dump_json(), 0, [CAP]), client=pipe)
-                self.scripts(protocol.bind_call(self.settings, CAP, agent_id, sha), client=pipe)
+                self.scripts(bind_call(self.settings, CAP, agent_id, sha), client=pipe)
             pipe.execute()
         self.beat()
         self._thread.start()
@@ -96,7 +97,7 @@ class SimulatedAgents:
         for start in range(0, len(self.ids), 500):
             pipe = self.r.pipeline(transaction=False)
             for agent_id in self.ids[start:start + 500]:
-                self.scripts(protocol.heartbeat_call(self.settings, agent_id, self.tokens[agent_id],
+                self.scripts(heartbeat_call(self.settings, agent_id, self.tokens[agent_id],
                                                      stats), client=pipe)
             pipe.execute()
 
@@ -198,10 +199,9 @@ def measure_process(bench: Bench, agents: int, tasks: int, stand_in: str = "trim
 def measure_routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
     """Decisions per CPU-second of the routing code alone (no Redis, no I/O).
 
-    This drives the dispatcher's internals (CapabilityLoop.candidates, routing.RoutingRound and
-    the round size of capability.py), which change as routing evolves: when they no longer fit, the figure is
-    reported as missing with a note instead of failing the run (the process figure above does
-    not depend on them).
+    This drives the dispatcher's parts (Observations, RoutingRound, round_tasks), which change
+    as routing evolves: when they no longer fit, the figure is reported as missing with a note
+    instead of failing the run (the process figure above does not depend on them).
     """
     try:
         return _routing_cpu(agents, seconds)
@@ -213,7 +213,8 @@ def measure_routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
 
 def _routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
     settings = Settings.load(redis_url="redis://unused:1/0", prefix="bench-routing")
-    view = RegistryView(settings, client=None)
+    ctx = DispatcherContext.connect(settings)
+    view = ctx.view
     now = int(time.time() * 1000)
     view._offset_ms = now - time.monotonic() * 1000
     view.agents = {}
@@ -226,28 +227,25 @@ def _routing_cpu(agents: int, seconds: float) -> dict[str, Any]:
         })
         assert record is not None
         view.agents[agent_id] = record
-    fake = SimpleNamespace(settings=settings, view=view)
-    loop = CapabilityLoop(fake, CAP)  # type: ignore[arg-type]
-    ids = [f"{i:026d}" for i in range(capability.MAX_ROUND_TASKS)]
+    seen = Observations(ctx, CAP)
+    ids = [f"{i:026d}" for i in range(routing.MAX_ROUND_TASKS)]
     rng = random.Random(1)
     decisions = 0
     start = time.process_time()
     while time.process_time() - start < seconds:
-        # One routing round as CapabilityLoop._route makes it, minus the Redis calls.
-        candidates, filtered = loop.candidates()
-        round_ = routing.RoutingRound(candidates, settings, now, rng, loop.probes, filtered)
-        want = min(round_.capacity, max(settings.dispatch_batch, min(
-            capability.ROUND_TASKS_PER_AGENT * len(round_.agents), capability.MAX_ROUND_TASKS)))
+        # One routing round as CapabilityLoop.route makes it, minus the Redis calls.
+        candidates, filtered = seen.candidates()
+        round_ = routing.RoutingRound(candidates, settings, now, rng, seen.probes, filtered)
         plan: dict[str, list[tuple[str, str]]] = {}
-        for local_id in ids[:want]:
+        for local_id in ids[:routing.round_tasks(round_, settings)]:
             choice = round_.choose(routing.ReadyTask(local_id, 5))
             if choice is not None:
-                plan.setdefault(choice.agent_id, []).append(
-                    (local_id, routing.explanation("r1", choice)))
+                why = Explanation("r1", choice.why, choice.score, choice.eligible).encode()
+                plan.setdefault(choice.agent_id, []).append((local_id, why))
         for agent_id, items in plan.items():
-            loop.note_load(agent_id, len(items), 0)
+            seen.note_load(agent_id, len(items), 0)
             decisions += len(items)
-        loop.loads.clear()  # the simulated agents finish everything before the next round
+        seen.loads.clear()  # the simulated agents finish everything before the next round
     elapsed = time.process_time() - start
     return {"agents": agents, "decisions_per_cpu_s": round(decisions / elapsed, 1)}
 

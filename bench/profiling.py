@@ -80,8 +80,8 @@ OUR_CODE = ("broker/", "agent_worker/", "dispatcher/", "reach_cli/")
 # Frames every busy sample of a process passes through (entry points, the event loop itself).
 ENTRY_FRAMES = ("<frozen runpy>", "typer/", "_click/", "click/", "asyncio/runners.py",
                 "run_forever (", "run_until_complete (", "_run_once (", "Handle._run (",
-                "reach_cli/main.py", "reach_cli/__main__.py", "agent_worker/cli.py",
-                "agent_worker/__main__.py", "broker/cliutil.py", "Thread.run (", "Thread._bootstrap")
+                "reach_cli/main.py", "reach_cli/__main__.py", "reach_cli/worker.py",
+                "reach_cli/common.py", "Thread.run (", "Thread._bootstrap")
 
 
 def top_functions(collapsed: Path, limit: int = 15) -> dict[str, Any]:

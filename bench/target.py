@@ -15,7 +15,7 @@ from typing import Any
 
 import redis
 
-from broker.embedded import EmbeddedRedis
+from broker.infra.embedded import EmbeddedRedis
 
 
 @dataclass

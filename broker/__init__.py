@@ -1,7 +1,15 @@
-"""Agent-Reach's shared core: settings, keys, scripts, models, errors and the producer clients."""
+"""Agent-Reach's shared core, and its public names.
 
-from broker.async_client import AsyncReachClient, AsyncTaskHandle
-from broker.client import ReachClient, TaskHandle
+    broker/             the core every process shares: settings, the key schema (keys.py), ids,
+                        models, the agent registry's states, errors, and the Lua scripts
+                        (lua/, run by scripts.py) with their typed contract (protocol/)
+    broker/client/      the producer clients (ReachClient, AsyncReachClient)
+    broker/ops/         what operators read: agents and queues as `reach agents|queues` show them
+    broker/infra/       process plumbing: Redis connections, riding out outages, the event
+                        loop, the embedded Redis
+"""
+
+from broker.client import AsyncReachClient, AsyncTaskHandle, ReachClient, TaskHandle
 from broker.errors import (
     BadInput,
     BrokerUnavailable,
@@ -18,6 +26,7 @@ from broker.errors import (
     UnknownTask,
 )
 from broker.models import AgentDescriptor, EventType, FailureReason, TaskEvent, TaskState, TaskStatus
+from broker.protocol.submit import SubmitOptions
 from broker.settings import Settings
 
 __all__ = [
@@ -37,6 +46,7 @@ __all__ = [
     "ReachClient",
     "ReachError",
     "Settings",
+    "SubmitOptions",
     "TaskCanceled",
     "TaskEvent",
     "TaskFailed",

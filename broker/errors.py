@@ -19,6 +19,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ReachError(Exception):
     """Base of every error raised by Agent-Reach."""
@@ -62,6 +64,8 @@ class QueueFull(ReachError):
         self.capability = capability
         self.depth = depth
         self.limit = limit
+        self.submitted: list[Any] = []
+        """The handles of the tasks a bulk submit queued before the queue filled up."""
 
 
 class TaskFailed(ReachError):

@@ -12,52 +12,15 @@ from typing import Any
 
 import redis
 
-from broker import protocol
-from broker.ids import is_local_id
 from broker.keys import AGENT_GROUP, CapabilityKeys
+from broker.protocol.delivery import parse_lease, parse_reclaim, reclaim_call, release_call
+from broker.protocol.lifecycle import dead_letter_raw_call
+from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
 log = logging.getLogger("reach.inbox")
 
 BATCH = 200
-# The latest millisecond time a datetime holds (9999-12-31): past it an entry is no delivery.
-_MAX_MS = 253_402_300_799_999
-
-
-def parse_lease(entry_id: str, fields: dict[str, str] | None) -> protocol.Lease | None:
-    """The delivery an inbox entry stands for, or None when the entry is not a valid one."""
-    if not fields:
-        return None
-    local, fence = fields.get("id", ""), fields.get("fence", "")
-    if not (is_local_id(local) and fence.isascii() and fence.isdigit()):
-        return None
-    return protocol.Lease(entry_id, local, fence)
-
-
-def parse_delivery(capability: str, entry_id: str,
-                   fields: dict[str, str] | None) -> protocol.AcceptedTask | None:
-    """The task an inbox entry hands over, when the entry carries what starting it needs (`p`
-    and `x`, see deliver in lua/_lib.lua); None when it does not (the agent then accepts it
-    first, which reads the record) or is no valid delivery."""
-    lease = parse_lease(entry_id, fields)
-    if lease is None or fields is None or "p" not in fields:
-        return None
-    packed = fields.get("x", "").split("|", 6)
-    if len(packed) != 7:
-        return None
-    attempt, timeout_ms, deadline_at, max_attempts, trace_id, session_id, metadata = packed
-    try:
-        numbers = [int(attempt), int(timeout_ms), int(deadline_at), int(max_attempts)]
-    except ValueError:
-        return None
-    if not all(0 <= n <= _MAX_MS for n in numbers):
-        return None  # (a forged or corrupt entry must not crash the reader on a datetime)
-    return protocol.AcceptedTask(
-        entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
-        task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=numbers[0],
-        timeout_ms=numbers[1], deadline_at_ms=numbers[2], trace_id=trace_id,
-        session_id=session_id, metadata=metadata, max_attempts=numbers[3],
-    )
 
 
 async def last_delivered(client: Any, inbox: str) -> str | None:
@@ -72,7 +35,7 @@ async def last_delivered(client: Any, inbox: str) -> str | None:
     return None
 
 
-async def release_unread(client: Any, scripts: Any, settings: Settings, capability: str,
+async def release_unread(client: Any, scripts: AsyncScripts, settings: Settings, capability: str,
                          agent_id: str, reason: str) -> int:
     """Put every task still unread in the agent's inbox back into the ready queue."""
     inbox = CapabilityKeys(settings.prefix, capability).inbox(agent_id)
@@ -85,15 +48,14 @@ async def release_unread(client: Any, scripts: Any, settings: Settings, capabili
         leases = [lease for entry_id, fields in entries
                   if (lease := parse_lease(entry_id, fields)) is not None]
         if leases:
-            released += int(await scripts(
-                protocol.release_call(settings, capability, agent_id, reason, leases)))
+            released += int(await scripts(release_call(settings, capability, agent_id, reason, leases)))
         if len(entries) < BATCH:
             return released
         if not leases:
             return released  # only entries we cannot parse; the agent dead-letters them when read
 
 
-async def reclaim_lapsed(client: Any, scripts: Any, settings: Settings, capability: str,
+async def reclaim_lapsed(client: Any, scripts: AsyncScripts, settings: Settings, capability: str,
                          agent_id: str, consumer: str, min_idle_ms: int, reason: str) -> int:
     """Claim inbox entries idle for `min_idle_ms` (their lease lapsed) and requeue their tasks.
 
@@ -119,14 +81,14 @@ async def reclaim_lapsed(client: Any, scripts: Any, settings: Settings, capabili
             if lease is not None:
                 leases.append(lease)
             elif fields:  # not a valid delivery: keep it, in the dead-letter stream
-                await scripts(protocol.dead_letter_raw_call(
+                await scripts(dead_letter_raw_call(
                     settings, capability, inbox, AGENT_GROUP, entry_id, "malformed",
                     "inbox entry without a valid task id and fence", fields))
             else:  # finished and deleted while still pending: just clear it
                 await client.xack(inbox, AGENT_GROUP, entry_id)
         if leases:
-            requeued, failed, _ = await scripts(protocol.reclaim_call(
-                settings, capability, agent_id, consumer, reason, leases))
-            moved += int(requeued) + int(failed)
+            reply = parse_reclaim(await scripts(reclaim_call(
+                settings, capability, agent_id, consumer, reason, leases)))
+            moved += reply.requeued + reply.failed
         if cursor in ("0-0", b"0-0"):
             return moved

@@ -31,9 +31,9 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:changes, :rev | zset agent -> revision of last change; counter | registry scripts | prune |
 | P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
 
-(1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_lib.lua).
-(2) Pushed only when someone registered to wait (record field `d`); the scripts derive its name
-    from the record's key (done_key in lua/_lib.lua).
+(1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
+(2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
+    plus TASK_DONE_SUFFIX, which the scripts get as a constant of their prelude (scripts.py).
 (3) Each entry carries the task's local id and fence, and what starting it needs (payload,
     attempt, timeout, ...) so the agent starts it as soon as it reads it.
 (4) `agent|most unread|round|score|low`, in weighted random order: while the ready queue is
@@ -55,7 +55,22 @@ from dataclasses import dataclass
 
 REGISTRY_TAG = "_registry"
 DISPATCH_GROUP = "dispatch"
+"""The consumer group of every intake stream (the dispatchers read it)."""
 AGENT_GROUP = "agents"
+"""The consumer group of every inbox (its agent is the only consumer)."""
+TASK_DONE_SUFFIX = ":done"
+"""A task's done list is its record's key plus this (see CapabilityKeys.task_done)."""
+DRAINING_FIELD = "draining:"
+"""The tokens hash marks a draining agent with the field DRAINING_FIELD + agent id."""
+
+LUA_CONSTANTS = {
+    "AGENT_GROUP": AGENT_GROUP,
+    "DISPATCH_GROUP": DISPATCH_GROUP,
+    "DONE_SUFFIX": TASK_DONE_SUFFIX,
+    "DRAINING": DRAINING_FIELD,
+}
+"""Names the scripts use that do not depend on the prefix: broker/scripts.py writes them at the
+head of every script, so that no `.lua` file spells one itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,15 +138,24 @@ class CapabilityKeys:
     def pulls(self) -> str:
         return f"{self.base}:pulls"
 
+    @property
+    def inbox_prefix(self) -> str:
+        """An inbox's key is this plus the agent id (for scripts that find the agent in data)."""
+        return f"{self.base}:inbox:"
+
     def inbox(self, agent_id: str) -> str:
-        return f"{self.base}:inbox:{agent_id}"
+        return f"{self.inbox_prefix}{agent_id}"
+
+    @property
+    def task_prefix(self) -> str:
+        """A task record's key is this plus its local id (for scripts that find it in data)."""
+        return f"{self.base}:task:"
 
     def task(self, local_id: str) -> str:
-        return f"{self.base}:task:{local_id}"
+        return f"{self.task_prefix}{local_id}"
 
     def task_done(self, local_id: str) -> str:
-        """(The scripts derive it from the record's key: see done_key in lua/_lib.lua.)"""
-        return f"{self.base}:task:{local_id}:done"
+        return f"{self.task(local_id)}{TASK_DONE_SUFFIX}"
 
     def explain(self, snapshot_id: str) -> str:
         return f"{self.base}:explain:{snapshot_id}"
@@ -178,10 +202,21 @@ class Channels:
 
     @property
     def wake(self) -> str:
+        """Wake-ups for the dispatchers (messages: broker/protocol/wake.py)."""
         return f"{self.prefix}:wake"
 
+    @property
+    def task_prefix(self) -> str:
+        """A task's event channel is this plus its task id (published only while watched)."""
+        return f"{self.prefix}:ev:"
+
     def task(self, task_id: str) -> str:
-        return f"{self.prefix}:ev:{task_id}"
+        return f"{self.task_prefix}{task_id}"
+
+    @property
+    def control_prefix(self) -> str:
+        """An agent's control channel is this plus its agent id (`cancel <task id>`)."""
+        return f"{self.prefix}:ctl:"
 
     def control(self, agent_id: str) -> str:
-        return f"{self.prefix}:ctl:{agent_id}"
+        return f"{self.control_prefix}{agent_id}"

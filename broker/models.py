@@ -165,7 +165,7 @@ class TaskEvent(BaseModel):
     @classmethod
     def from_compact(cls, seq: int, text: str, task_id: str, trace_id: str | None) -> TaskEvent:
         """An event as the task record stores it: `type|time ms|attempt|agent id|data JSON`
-        (see broker/lua/_lib.lua); ValueError when it is not one."""
+        (see broker/lua/_events.lua); ValueError when it is not one."""
         parts = text.split("|", 4)
         if len(parts) != 5:
             raise ValueError(f"not an event: {text[:80]!r}")

@@ -1,8 +1,10 @@
 """The Lua scripts of `broker/lua/`, loaded once per client and called by name.
 
 Each script is one atomic state change and lives in its own file, opening with a comment that
-lists its KEYS and ARGV. `_lib.lua` holds helpers that every script shares; it is prepended to
-each script's text here. `broker/protocol.py` builds each call's keys and arguments.
+lists its KEYS and ARGV. Files starting with '_' hold the helpers the scripts share; each
+script's text here is the constants of broker/keys.py (LUA_CONSTANTS), then every helper file in
+LIBRARY order, then the script. `broker/protocol/` builds each call's keys and arguments and
+parses its reply.
 """
 
 from __future__ import annotations
@@ -22,9 +24,14 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.client import Redis
 from redis.cluster import RedisCluster
 
-from broker.protocol import ScriptCall
+from broker.keys import LUA_CONSTANTS
+from broker.protocol.calls import ScriptCall
 
 _LUA = resources.files("broker") / "lua"
+
+LIBRARY = ("_base", "_events", "_queue", "_finish", "_delivery", "_wake", "_handoff", "_outcome",
+           "_health", "_pull", "_credits")
+"""The helper files, in the order they are prepended (each uses only those before it)."""
 
 # Every `<name>.lua` of the folder is a script (files starting with '_' are shared helpers).
 SCRIPT_NAMES = tuple(sorted(
@@ -34,10 +41,18 @@ SCRIPT_NAMES = tuple(sorted(
 
 
 @cache
+def prelude() -> str:
+    """The constants and helpers every script starts with."""
+    constants = "\n".join(f"local {name} = '{value}'" for name, value in LUA_CONSTANTS.items())
+    helpers = [f"-- ===== {name}.lua =====\n" + (_LUA / f"{name}.lua").read_text(encoding="utf-8")
+               for name in LIBRARY]
+    return "\n".join(["-- ===== constants (broker/keys.py) =====", constants, *helpers])
+
+
+@cache
 def source(name: str) -> str:
-    lib = (_LUA / "_lib.lua").read_text(encoding="utf-8")
     body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{lib}\n-- ===== {name}.lua =====\n{body}"
+    return f"{prelude()}\n-- ===== {name}.lua =====\n{body}"
 
 
 def evalsha_command(sha: str, call: ScriptCall) -> tuple[Any, ...]:

@@ -3,8 +3,8 @@
 A dispatched task's record keeps its last routing decision (agent, reason, score, how many
 agents were eligible) and points to a snapshot of the routing round (kept 15 minutes): the
 candidates with their score parts and every filtered agent with the filter that removed it.
-For a task that is still queued, the same routing code is run now, read-only, to say what
-would happen.
+For a task that is still queued, the round a dispatcher would run now is built from the same
+candidates (dispatcher/candidates.py) and run read-only, to say what would happen.
 """
 
 from __future__ import annotations
@@ -15,12 +15,17 @@ from typing import Any
 from broker import codec
 from broker.errors import UnknownTask
 from broker.ids import split_task_id
+from broker.infra.connection import SyncRedis
 from broker.keys import CapabilityKeys
 from broker.models import TaskStatus
-from broker.overview import load_fleet
-from broker.registry import agent_state
+from broker.ops.overview import load_fleet
+from broker.protocol.grants import Explanation
+from broker.protocol.health import AgentHealth, parse_health
+from broker.registry import AgentRecord, agent_state
 from broker.settings import Settings
-from dispatcher import routing
+from dispatcher import candidates
+from dispatcher.ready import routing_options
+from dispatcher.routing import InboxLoad, ReadyTask, RoutingRound
 
 
 def _json(text: str | None) -> Any:
@@ -32,47 +37,46 @@ def _json(text: str | None) -> Any:
         return None
 
 
-def live_round(client: Any, settings: Settings, capability: str) -> routing.RoutingRound:
-    """The routing round a dispatcher would run for this capability right now."""
+def live_round(client: SyncRedis, settings: Settings, capability: str) -> RoutingRound:
+    """The routing round a dispatcher would run for this capability right now (with the loads
+    and health in Redis; a dispatcher's told speeds and probes are its own, not in Redis)."""
     ck = CapabilityKeys(settings.prefix, capability)
     now, records, loads = load_fleet(client, settings, capability)
-    health = routing.parse_health(client.hgetall(ck.health))
-    candidates, filtered = [], {}
-    for record in records:
-        state = agent_state(record, now, settings)
-        if state.value != "healthy":
-            filtered[record.agent_id] = f"state:{state.value}"
-            continue
-        outstanding, running, _ = loads.get((capability, record.agent_id), (0, 0, 0))
-        stats = record.stats
+    fields: Any = client.hgetall(ck.health)
+    health = parse_health(fields)
 
-        def num(key: str, stats: dict[str, Any] = stats) -> float | None:
-            value = stats.get(key)
-            return float(value) if isinstance(value, int | float) else None
+    def state_of(record: AgentRecord) -> Any:
+        return agent_state(record, now, settings)
 
-        candidates.append(routing.Candidate(
-            record.agent_id, record.max_concurrency, routing.InboxLoad(outstanding, running),
-            num("latency_p50_ms"), num("latency_baseline_ms"), num("stability"),
-            record.descriptor.region, record.descriptor.version, record.recovered_at_ms,
-            health.get(record.agent_id, routing.AgentHealth()),
-        ))
-    return routing.RoutingRound(candidates, settings, now, random.Random(0), {}, filtered)
+    def load_of(agent_id: str) -> InboxLoad:
+        outstanding, running, _ = loads.get((capability, agent_id), (0, 0, 0))
+        return InboxLoad(outstanding, running)
+
+    found, filtered = candidates.gather(records, state_of, load_of,
+                                        lambda agent_id: health.get(agent_id) or AgentHealth(),
+                                        lambda agent_id: None)
+    return RoutingRound(found, settings, now, random.Random(0), {}, filtered)
 
 
-def explain(client: Any, settings: Settings, task_id: str) -> dict[str, Any]:
+def _task(client: SyncRedis, ck: CapabilityKeys, local: str, record: dict[str, str],
+          status: TaskStatus) -> ReadyTask:
+    options = routing_options(record.get("routing"))
+    session_agent: Any = (client.hget(ck.sessions, status.session_id) or "") if status.session_id else ""
+    return ReadyTask(
+        local, status.priority, status.session_id or "", status.region or "",
+        bool(options.get("region_strict", True)), str(options.get("version") or ""),
+        record.get("last_agent_id") or "", session_agent,
+    )
+
+
+def explain(client: SyncRedis, settings: Settings, task_id: str) -> dict[str, Any]:
     capability, local = split_task_id(task_id)
     ck = CapabilityKeys(settings.prefix, capability)
-    record = client.hgetall(ck.task(local))
+    record: Any = client.hgetall(ck.task(local))
     if not record:
         raise UnknownTask(task_id)
     status = TaskStatus.from_record(record)
-    options = _json(record.get("routing")) or {}
-    task = routing.ReadyTask(
-        local, status.priority, status.session_id or "", status.region or "",
-        bool(options.get("region_strict", True)), str(options.get("version") or ""),
-        record.get("last_agent_id") or "",
-        (client.hget(ck.sessions, status.session_id) or "") if status.session_id else "",
-    )
+    task = _task(client, ck, local, record, status)
     out: dict[str, Any] = {
         "task": status.cli_dict(),
         "constraints": {"region": task.region or None, "region_strict": task.region_strict,
@@ -83,13 +87,14 @@ def explain(client: Any, settings: Settings, task_id: str) -> dict[str, Any]:
         "round": None,
         "now": None,
     }
-    decision = routing.parse_explanation(record.get("explain"))
+    decision = Explanation.parse(record.get("explain"))
     if decision is not None:
-        decision["at"] = int(record["dispatched_at"]) if record.get("dispatched_at") else None
-        decision["agent_id"] = record.get("agent_id") or None
-        out["decision"] = decision
-        if decision.get("round"):
-            out["round"] = _json(client.get(ck.explain(str(decision["round"]))))
+        out["decision"] = {**decision.as_dict(),
+                           "at": int(record["dispatched_at"]) if record.get("dispatched_at") else None,
+                           "agent_id": record.get("agent_id") or None}
+        if decision.round_id:
+            snapshot: Any = client.get(ck.explain(decision.round_id))
+            out["round"] = _json(snapshot)
     if status.state.value in ("queued", "retrying"):
         round_ = live_round(client, settings, capability)
         choice = round_.choose(task)

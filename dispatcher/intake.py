@@ -20,17 +20,23 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import redis
 
-from broker import codec, protocol
+from broker import codec
 from broker.errors import BadInput, QueueFull
 from broker.keys import DISPATCH_GROUP, CapabilityKeys
+from broker.protocol.lifecycle import dead_letter_raw_call
+from broker.protocol.submit import (
+    SubmitOptions,
+    SubmitRequest,
+    build_submit_request,
+    parse_submit,
+    submit_call,
+)
 from broker.settings import Settings
-
-if TYPE_CHECKING:
-    from dispatcher.service import Dispatcher
+from dispatcher.context import DispatcherContext
 
 log = logging.getLogger("reach.dispatcher")
 
@@ -58,7 +64,7 @@ def _json_field(fields: dict[str, str], name: str) -> Any:
 
 
 def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
-                       fields: dict[str, str]) -> protocol.SubmitRequest:
+                       fields: dict[str, str]) -> SubmitRequest:
     """A validated submit request for one intake entry, or BadInput saying what is wrong."""
     # Fields this version does not know are ignored: a newer producer may add some.
     if "payload" not in fields:
@@ -69,8 +75,7 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
     payload = _json_field(fields, "payload")
     metadata = _json_field(fields, "metadata") if fields.get("metadata") else None
     priority = _number(fields, "priority", int)
-    return protocol.build_submit_request(
-        settings, capability, payload,
+    options = SubmitOptions(
         priority=5 if priority is None else priority,
         session_id=fields.get("session_id") or None,
         region=fields.get("region") or None,
@@ -80,8 +85,8 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
         trace_id=fields.get("trace_id") or None,
         metadata=metadata,
         max_attempts=_number(fields, "max_attempts", int),
-        intake_entry=entry_id,
     )
+    return build_submit_request(settings, capability, payload, options, intake_entry=entry_id)
 
 
 class IntakeReader:
@@ -89,17 +94,17 @@ class IntakeReader:
     `dispatch`: its own unfinished entries first (a QueueFull earlier, or a restart), then new
     ones, and now and then the entries a dispatcher that died had read and never finished."""
 
-    def __init__(self, dispatcher: Dispatcher, capability: str) -> None:
-        self.d = dispatcher
+    def __init__(self, ctx: DispatcherContext, capability: str) -> None:
+        self.ctx = ctx
         self.capability = capability
-        self.stream = CapabilityKeys(dispatcher.settings.prefix, capability).intake
+        self.stream = CapabilityKeys(ctx.settings.prefix, capability).intake
         self._group_ready = False
         self._pending_checked = False
         self._next_claim = 0.0
 
     async def take(self) -> int:
         """Turn a batch of entries into tasks (or dead letters); returns how many it handled."""
-        r = self.d.redis
+        r = self.ctx.redis
         stream = self.stream
         if not self._group_ready:
             try:
@@ -110,9 +115,9 @@ class IntakeReader:
             self._group_ready = True
         # First our own unfinished entries (a QueueFull earlier, or a restart), then new ones.
         start = ">" if self._pending_checked else "0"
-        reply = await r.xreadgroup(DISPATCH_GROUP, self.d.dispatcher_id, {stream: start},
-                                   count=INTAKE_BATCH)
-        entries = reply[0][1] if reply else []
+        reply: Any = await r.xreadgroup(DISPATCH_GROUP, self.ctx.dispatcher_id, {stream: start},
+                                        count=INTAKE_BATCH)
+        entries: list[Any] = reply[0][1] if reply else []
         if start == "0" and len(entries) < INTAKE_BATCH:
             self._pending_checked = True
         if not entries and start == ">" and time.monotonic() >= self._next_claim:
@@ -126,20 +131,20 @@ class IntakeReader:
                 await r.xack(stream, DISPATCH_GROUP, entry_id)
                 continue
             try:
-                requests.append(parse_intake_entry(self.d.settings, self.capability, entry_id, fields))
+                requests.append(parse_intake_entry(self.ctx.settings, self.capability, entry_id, fields))
             except Exception as exc:  # (BadInput, or anything else a stranger's entry provokes:
                 # one bad entry must not hold back the good ones read with it)
                 if isinstance(exc, BadInput):
                     log.warning("%s: malformed intake entry %s: %s", self.capability, entry_id, exc)
                 else:
                     log.exception("%s: intake entry %s could not be read", self.capability, entry_id)
-                await self.d.scripts(protocol.dead_letter_raw_call(
-                    self.d.settings, self.capability, stream, DISPATCH_GROUP, entry_id,
+                await self.ctx.scripts(dead_letter_raw_call(
+                    self.ctx.settings, self.capability, stream, DISPATCH_GROUP, entry_id,
                     "malformed", str(exc), fields))
         if requests:
             try:
-                protocol.parse_submit(self.capability, self.d.settings.max_queue_depth,
-                                      await self.d.scripts(protocol.submit_call(self.d.settings, requests)))
+                parse_submit(self.capability, self.ctx.settings.max_queue_depth,
+                             await self.ctx.scripts(submit_call(self.ctx.settings, requests)))
             except QueueFull as exc:
                 log.warning("%s: %s; intake entries wait", self.capability, exc)
                 self._pending_checked = False
@@ -148,8 +153,8 @@ class IntakeReader:
 
     async def _claim_abandoned(self) -> list[Any]:
         """Entries another dispatcher read and never finished (it died): take them over."""
-        reply = await self.d.redis.xautoclaim(
-            self.stream, DISPATCH_GROUP, self.d.dispatcher_id, INTAKE_CLAIM_IDLE_MS,
+        reply = await self.ctx.redis.xautoclaim(
+            self.stream, DISPATCH_GROUP, self.ctx.dispatcher_id, INTAKE_CLAIM_IDLE_MS,
             start_id="0-0", count=INTAKE_BATCH)
         entries: list[Any] = reply[1] if reply else []
         return [e for e in entries if e]

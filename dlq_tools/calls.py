@@ -1,6 +1,6 @@
 """Typed calls of the dead-letter scripts (`broker/lua/dlq_*.lua`): argument layout and replies.
 
-Pure, like `broker/protocol.py`: each builder returns the KEYS and ARGV lists its script's
+Pure, like `broker/protocol/`: each builder returns the KEYS and ARGV lists its script's
 header documents, each parser turns the reply into Python values.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 from broker.errors import BadInput
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
-from broker.protocol import ScriptCall
+from broker.protocol.calls import ScriptCall, feed_args, wake_channel
 from broker.settings import Settings
 from dlq_tools.models import Filter
 
@@ -85,8 +85,8 @@ def replay_call(
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.dlq, ck.queue, ck.events, ck.deadlines]
     args: list[str | int | float] = [
-        settings.aging_ms, settings.event_feed_maxlen, settings.prefix + ":", capability,
-        settings.max_queue_depth, "" if priority is None else priority, "1" if reset_attempts else "0",
+        settings.aging_ms, *feed_args(settings), capability, settings.max_queue_depth,
+        "" if priority is None else priority, "1" if reset_attempts else "0", wake_channel(settings),
     ]
     for item in items:
         cap, local = split_task_id(item.task_id)

@@ -8,9 +8,9 @@ from typing import Any
 
 import redis
 
-from broker import connection
 from broker.errors import ReachError
 from broker.ids import CAPABILITY_RE
+from broker.infra import connection, outages
 from broker.keys import CapabilityKeys, RegistryKeys
 from broker.registry import server_ms
 from broker.scripts import Scripts
@@ -50,7 +50,7 @@ class Conn:
         the CLI, one line, no password shown)."""
         try:
             yield
-        except connection.TRANSIENT_ERRORS as exc:
-            raise connection.unavailable(exc, self.settings) from exc
+        except outages.TRANSIENT_ERRORS as exc:
+            raise outages.unavailable(exc, self.settings) from exc
         except redis.exceptions.ResponseError as exc:
             raise ReachError(f"Redis refused a command: {exc}") from exc

@@ -1,15 +1,32 @@
-"""Options and helpers every `reach` command shares."""
+"""What every command line shares (`reach` and `reach-worker`): options, logging, output, and
+turning errors into exit codes.
+
+Errors are one line on stderr. Exit codes: 0 ok, 1 runtime failure, 2 usage (bad flag, bad
+JSON, bad input).
+"""
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
 
+from broker.errors import BadInput, ReachError
+from broker.infra import connection, outages
 from broker.settings import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+EXIT_RUNTIME = 1
+EXIT_USAGE = 2
 
 RedisUrlOption = Annotated[str | None, typer.Option("--redis-url", help="Redis URL (else REDIS_URL)")]
 ConfigOption = Annotated[
@@ -25,5 +42,65 @@ def load_settings(config: Path | None, redis_url: str | None, **overrides: Any) 
     return Settings.load(config, redis_url=redis_url, **overrides)
 
 
+def read_redis(settings: Settings, read: Callable[[connection.SyncRedis], T]) -> T:
+    """`read` on a short-lived client; BrokerUnavailable when Redis cannot be reached."""
+    client = connection.sync_client(settings)
+    try:
+        return read(client)
+    except outages.TRANSIENT_ERRORS as exc:
+        raise outages.unavailable(exc, settings) from exc
+    finally:
+        client.close()
+
+
 def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, ensure_ascii=False, default=str))
+
+
+def setup_logging(level: str = "INFO") -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper(), logging.INFO),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def fail(message: str, code: int = EXIT_RUNTIME) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def run_app(app: typer.Typer) -> None:
+    """Run a Typer app with usage errors as one line on stderr (exit 2), not a boxed panel."""
+    try:  # typer >= 0.16 carries its own copy of click
+        from typer._click.exceptions import ClickException  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:  # pragma: no cover - older typer uses click itself
+        from click.exceptions import ClickException  # type: ignore[assignment,unused-ignore]
+    try:
+        code = app(standalone_mode=False)
+    except ClickException as exc:
+        message = exc.format_message()
+        if message:  # (empty when the help was shown because no arguments were given)
+            typer.echo(f"error: {message}", err=True)
+        sys.exit(exc.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        typer.echo("aborted", err=True)
+        sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+def cli_errors(func: F) -> F:
+    """Map library errors to one line on stderr and the documented exit code."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except BadInput as exc:
+            fail(str(exc), EXIT_USAGE)
+        except ReachError as exc:
+            fail(str(exc), EXIT_RUNTIME)
+        except TimeoutError as exc:
+            fail(str(exc), EXIT_RUNTIME)
+
+    return cast(F, wrapper)

@@ -9,12 +9,21 @@ from typing import Annotated
 
 import typer
 
-from broker import eventloop
-from broker.cliutil import EXIT_RUNTIME, cli_errors, fail, run_app, setup_logging
+from broker.infra import eventloop
 from broker.settings import redact_url
-from dlq_tools.cli import app as dlq_app
 from reach_cli import ops, tasks
-from reach_cli.common import ConfigOption, RedisUrlOption, console, load_settings
+from reach_cli.common import (
+    EXIT_RUNTIME,
+    ConfigOption,
+    RedisUrlOption,
+    cli_errors,
+    console,
+    fail,
+    load_settings,
+    run_app,
+    setup_logging,
+)
+from reach_cli.dlq import app as dlq_app
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Agent-Reach: every agent reachable by capability name.")

@@ -7,11 +7,18 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from broker import connection
-from broker.cliutil import cli_errors
 from broker.ids import check_capability
-from broker.overview import agent_rows, queue_rows
-from reach_cli.common import ConfigOption, JsonOption, RedisUrlOption, console, load_settings, print_json
+from broker.ops.overview import agent_rows, queue_rows
+from reach_cli.common import (
+    ConfigOption,
+    JsonOption,
+    RedisUrlOption,
+    cli_errors,
+    console,
+    load_settings,
+    print_json,
+    read_redis,
+)
 
 _STATE_STYLE = {"healthy": "green", "warming": "cyan", "suspect": "yellow", "offline": "red",
                 "draining": "magenta", "not_ready": "yellow"}
@@ -28,13 +35,7 @@ def agents(
     if capability:
         check_capability(capability)
     settings = load_settings(config, redis_url)
-    client = connection.sync_client(settings)
-    try:
-        rows = agent_rows(client, settings, capability)
-    except connection.TRANSIENT_ERRORS as exc:
-        raise connection.unavailable(exc, settings) from exc
-    finally:
-        client.close()
+    rows = read_redis(settings, lambda client: agent_rows(client, settings, capability))
     if as_json:
         print_json([row.as_dict() for row in rows])
         return
@@ -65,13 +66,7 @@ def queues(
     if capability:
         check_capability(capability)
     settings = load_settings(config, redis_url)
-    client = connection.sync_client(settings)
-    try:
-        rows = queue_rows(client, settings, capability)
-    except connection.TRANSIENT_ERRORS as exc:
-        raise connection.unavailable(exc, settings) from exc
-    finally:
-        client.close()
+    rows = read_redis(settings, lambda client: queue_rows(client, settings, capability))
     if as_json:
         print_json([row.as_dict() for row in rows])
         return
@@ -100,13 +95,7 @@ def explain(
     from dispatcher.explain import explain as explain_task
 
     settings = load_settings(config, redis_url)
-    client = connection.sync_client(settings)
-    try:
-        report = explain_task(client, settings, task_id)
-    except connection.TRANSIENT_ERRORS as exc:
-        raise connection.unavailable(exc, settings) from exc
-    finally:
-        client.close()
+    report = read_redis(settings, lambda client: explain_task(client, settings, task_id))
     if as_json:
         print_json(report)
         return

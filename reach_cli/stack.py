@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from broker.embedded import EmbeddedRedis
+from broker.infra.embedded import EmbeddedRedis
 from broker.keys import RegistryKeys
 from broker.registry import AgentRecord, AgentState, agent_state, clock_of
 from broker.settings import Settings
@@ -52,7 +52,7 @@ class Stack:
                                    "--log-level", level], env)
         for i in range(1, self.workers + 1):
             self._spawn(f"worker-{i}", [
-                sys.executable, "-m", "agent_worker", "--capability", self.capability,
+                sys.executable, "-m", "reach_cli.worker", "--capability", self.capability,
                 "--concurrency", str(self.concurrency), "--log-level", level,
             ], env)
         return self

@@ -7,10 +7,20 @@ from typing import Annotated, Any
 
 import typer
 
-from broker import ReachClient, TaskFailed
-from broker.cliutil import EXIT_RUNTIME, EXIT_USAGE, cli_errors, fail
+from broker import ReachClient, SubmitOptions, TaskFailed
 from broker.models import TaskStatus
-from reach_cli.common import ConfigOption, JsonOption, RedisUrlOption, console, load_settings, print_json
+from reach_cli.common import (
+    EXIT_RUNTIME,
+    EXIT_USAGE,
+    ConfigOption,
+    JsonOption,
+    RedisUrlOption,
+    cli_errors,
+    console,
+    fail,
+    load_settings,
+    print_json,
+)
 
 
 def _parse_json(text: str, what: str) -> Any:
@@ -55,11 +65,11 @@ def submit(
     body = _parse_json(payload, "payload")
     meta = _parse_json(metadata, "--metadata") if metadata is not None else None
     with ReachClient(load_settings(config, redis_url)) as client:
-        handle = client.submit(
-            capability, body, priority=priority, session_id=session_id, region=region,
+        handle = client.submit(capability, body, SubmitOptions(
+            priority=priority, session_id=session_id, region=region,
             idempotency_key=idempotency_key, timeout_s=timeout_s, deadline_s=deadline_s,
             trace_id=trace_id, metadata=meta,
-        )
+        ))
         if not wait:
             if as_json:
                 print_json({"task_id": handle.task_id, "created": handle.created})

@@ -436,7 +436,7 @@ def count_run(key: str) -> int:
     """Count one execution of `key` under this process's REACH_PREFIX (any Redis, any mode)."""
     global _handler_client
     if _handler_client is None:
-        from broker.connection import sync_client
+        from broker.infra.connection import sync_client
         from broker.settings import Settings
 
         _handler_client = sync_client(Settings.load())

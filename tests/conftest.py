@@ -29,7 +29,7 @@ import pytest
 import redis
 
 from broker import ReachClient
-from broker.embedded import EmbeddedRedis
+from broker.infra.embedded import EmbeddedRedis
 from broker.keys import RegistryKeys
 from broker.registry import AgentRecord, AgentState, agent_state, clock_of
 from broker.settings import Settings
@@ -123,7 +123,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 def sync_redis(url: str, **options: Any) -> Any:
     """A decoding client for a test's own reads: a cluster client for a cluster URL."""
-    from broker import connection
+    from broker.infra import connection
 
     if "+cluster://" in url or "+sentinel://" in url:
         return connection.sync_client(Settings.load(redis_url=url))
@@ -266,7 +266,7 @@ class Fleet:
                agent_id: str | None = None, wait: bool = True, settings: Settings | None = None,
                extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:
         agent_id = agent_id or f"w{self._n + 1}-{secrets.token_hex(2)}"
-        argv = [sys.executable, "-m", "agent_worker", "--agent-id", agent_id,
+        argv = [sys.executable, "-m", "reach_cli.worker", "--agent-id", agent_id,
                 "--concurrency", str(concurrency), "--log-level", "INFO"]
         for capability in capabilities:
             argv += ["--capability", capability]

@@ -24,7 +24,8 @@ def _redis() -> Any:
     """The test's Redis (a cluster client on the cluster target), from the worker's settings."""
     global _client
     if _client is None:
-        from broker import Settings, connection
+        from broker import Settings
+        from broker.infra import connection
 
         _client = connection.sync_client(Settings.load())
     return _client

@@ -11,10 +11,10 @@ from typing import Any
 import redis
 
 from broker import TaskHandle
+from broker.client.events import read_events
 from broker.ids import split_task_id
 from broker.keys import AGENT_GROUP, CapabilityKeys, RegistryKeys
 from broker.registry import server_ms
-from broker.results import read_events
 from broker.settings import Settings
 from tests.conftest import ROOT, Proc, settings_env, wait_until
 

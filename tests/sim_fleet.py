@@ -18,9 +18,13 @@ import threading
 from collections import defaultdict
 from typing import Any
 
-from broker import Settings, codec, connection, protocol
+from broker import Settings, codec
+from broker.infra import connection
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.models import AgentDescriptor
+from broker.protocol.agents import bind_call, heartbeat_call, register_call
+from broker.protocol.delivery import Lease, accept_call, parse_accept
+from broker.protocol.reports import Completion, complete_call
 from broker.scripts import Scripts
 
 CONCURRENCY = 8
@@ -45,9 +49,9 @@ class SimFleet:
             sha = hashlib.sha1(token.encode()).hexdigest()
             descriptor = AgentDescriptor(agent_id=agent_id, capabilities=[capability],
                                          max_concurrency=CONCURRENCY)
-            self.scripts(protocol.register_call(self.settings, agent_id, sha,
+            self.scripts(register_call(self.settings, agent_id, sha,
                                                 descriptor.model_dump_json(), 0, [capability]))
-            self.scripts(protocol.bind_call(self.settings, capability, agent_id, sha))
+            self.scripts(bind_call(self.settings, capability, agent_id, sha))
             self.tokens[agent_id] = token
 
     def heartbeat_forever(self) -> None:
@@ -57,7 +61,7 @@ class SimFleet:
         while not self.stop.is_set():
             pipe = self.redis.pipeline(transaction=False)
             for agent_id, _ in self.agents:
-                call = protocol.heartbeat_call(self.settings, agent_id, self.tokens[agent_id], stats,
+                call = heartbeat_call(self.settings, agent_id, self.tokens[agent_id], stats,
                                                significant=first)
                 self.scripts(call, client=pipe)
             pipe.execute()
@@ -81,15 +85,15 @@ class SimFleet:
 
     def _finish(self, capability: str, agent_id: str, entries: list[Any]) -> None:
         token = self.tokens[agent_id]
-        deliveries = [protocol.Delivery(e, f["id"], f["fence"]) for e, f in entries if f]
+        deliveries = [Lease(e, f["id"], f["fence"]) for e, f in entries if f]
         if not deliveries:
             return
-        accepted = protocol.parse_accept(deliveries, self.scripts(protocol.accept_call(
+        accepted = parse_accept(deliveries, self.scripts(accept_call(
             self.settings, capability, agent_id, token, deliveries))).accepted
-        done = [protocol.Completion(t.entry_id, t.local_id, t.fence, "success", t.payload, 0, 1)
+        done = [Completion(t.entry_id, t.local_id, t.fence, "success", t.payload, 0, 1)
                 for t in accepted]
         if done:
-            self.scripts(protocol.complete_call(self.settings, capability, agent_id, token, done))
+            self.scripts(complete_call(self.settings, capability, agent_id, token, done))
 
 
 def main() -> None:

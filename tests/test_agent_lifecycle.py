@@ -1,6 +1,6 @@
 """Issue 3: an agent's life as the registry sees it: health states, draining and pruning.
 
-Every worker is a real `python -m agent_worker` process and every dispatcher a real
+Every worker is a real `python -m reach_cli.worker` process and every dispatcher a real
 `python -m reach_cli dispatcher`; health is driven with real signals (SIGSTOP/SIGCONT/SIGTERM/
 SIGKILL) and judged, as the product does, from the Redis server clock. The state a test relies on
 (what sits in an inbox, what the registry recorded) is read from Redis and polled with a
@@ -16,10 +16,11 @@ from collections.abc import Callable
 import pytest
 import redis
 
-from broker import ReachClient, protocol
+from broker import ReachClient
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys, RegistryKeys
-from broker.overview import agent_rows
+from broker.ops.overview import agent_rows
+from broker.protocol.delivery import AgentBatch, dispatch_call, parse_dispatch
 from broker.registry import AgentState
 from broker.scripts import Scripts
 from broker.settings import Settings
@@ -360,8 +361,8 @@ def test_a_task_handed_to_an_agent_that_just_deregistered_is_not_lost(
     # Another dispatcher whose registry view is a moment old (it has not seen the drain yet)
     # makes its hand-off to the agent it still believes healthy: the product's own script.
     local = split_task_id(handle.task_id)[1]
-    result = protocol.parse_dispatch(Scripts(r)(protocol.dispatch_call(
-        settings, "left", [protocol.AgentBatch(a.agent_id, 10, [local])])), 1)
+    result = parse_dispatch(Scripts(r)(dispatch_call(
+        settings, "left", [AgentBatch(a.agent_id, 10, [local])])), 1)
     b = fleet.worker("left", handler="tests.handlers:record", concurrency=2)
     # Either the hand-off is refused (the task stays queued for b) or the unread entry of the
     # departed agent's inbox is handed back; never is the task left behind.

@@ -20,8 +20,8 @@ from broker import (
     ReachClient,
     Settings,
     UnknownTask,
-    connection,
 )
+from broker.infra import connection
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import AgentDescriptor
 from broker.scripts import AsyncScripts
@@ -133,7 +133,7 @@ def test_queue_full_raises_with_depth_and_limit(make_settings: Any) -> None:
 
 
 def test_redis_away_raises_broker_unavailable() -> None:
-    from broker.embedded import free_port
+    from broker.infra.embedded import free_port
 
     settings = Settings.load(redis_url=f"redis://127.0.0.1:{free_port()}/0")
     client = ReachClient(settings)
@@ -144,7 +144,7 @@ def test_redis_away_raises_broker_unavailable() -> None:
 
 
 def test_redis_password_is_never_in_the_error() -> None:
-    from broker.embedded import free_port
+    from broker.infra.embedded import free_port
 
     settings = Settings.load(redis_url=f"redis://user:s3cret-pw@127.0.0.1:{free_port()}/0")
     with pytest.raises(BrokerUnavailable) as exc:

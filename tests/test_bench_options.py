@@ -9,7 +9,7 @@ import pytest
 from bench.__main__ import parse_args
 from bench.markdown import _started_by_the_harness
 from bench.target import Target
-from broker.embedded import redis_server_binary
+from broker.infra.embedded import redis_server_binary
 
 
 def test_the_harness_starts_its_private_redis_from_the_binary_it_is_given(tmp_path):

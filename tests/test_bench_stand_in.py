@@ -11,8 +11,9 @@ import pytest
 
 from bench.dispatch_bench import CAP, SimulatedAgents
 from bench.workers.sim_consumer import dispatched_to
-from broker import ReachClient, protocol
+from broker import ReachClient
 from broker.keys import CapabilityKeys, Channels
+from broker.protocol.delivery import AgentBatch, dispatch_call
 from broker.scripts import Scripts
 from tests.conftest import sync_redis
 
@@ -31,8 +32,8 @@ def test_the_trim_stand_in_empties_exactly_the_inboxes_the_feed_names_and_says_s
         client.submit_many(CAP, [{"i": i} for i in range(7)])
     ids = r.zrange(keys.queue, 0, -1)
     # Two tasks to each of the first two agents, none to the third, one call.
-    batches = [protocol.AgentBatch(sim.ids[0], 100, ids[0:2]), protocol.AgentBatch(sim.ids[1], 100, ids[2:4])]
-    Scripts(r)(protocol.dispatch_call(settings, CAP, batches))
+    batches = [AgentBatch(sim.ids[0], 100, ids[0:2]), AgentBatch(sim.ids[1], 100, ids[2:4])]
+    Scripts(r)(dispatch_call(settings, CAP, batches))
     r.xadd(keys.inbox(sim.ids[2]), {"id": "not-from-the-feed"})  # (only the sweep would take it)
 
     (_, newest), = r.xrevrange(keys.events, count=1)

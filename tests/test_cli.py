@@ -54,7 +54,7 @@ def test_worker_and_dispatcher_run_on_the_event_loop_chosen(settings: Settings, 
     assert "asyncio loop)" in dispatcher.output(), dispatcher.output()
     assert f"{default} loop)" in worker.output(), worker.output()
     env = {**settings_env(settings), "REACH_EVENT_LOOP": "libevent"}
-    for argv in (["reach_cli", "dispatcher"], ["agent_worker", "--capability", "echo"]):
+    for argv in (["reach_cli", "dispatcher"], ["reach_cli.worker", "--capability", "echo"]):
         done = subprocess.run([sys.executable, "-m", *argv], env=env, cwd=ROOT,
                               capture_output=True, text=True, timeout=60)
         assert done.returncode == 2, (argv, done.stderr)
@@ -101,7 +101,7 @@ def test_failed_task_exits_1_with_reason(settings: Settings, fleet: Fleet) -> No
 
 def test_reach_worker_usage_errors(settings: Settings) -> None:
     def worker(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "agent_worker", *args], env=settings_env(settings),
+        return subprocess.run([sys.executable, "-m", "reach_cli.worker", *args], env=settings_env(settings),
                               cwd=ROOT, capture_output=True, text=True, timeout=30)
 
     missing = worker("--capability", "nohandler")

@@ -39,11 +39,11 @@ from broker import (
     TaskCanceled,
     TaskFailed,
     UnknownTask,
-    connection,
 )
+from broker.client.events import events_of_record
+from broker.infra import connection
 from broker.keys import REGISTRY_TAG, CapabilityKeys, Channels, RegistryKeys
 from broker.registry import AgentRecord, AgentState, agent_state, server_ms
-from broker.results import events_of_record
 from tests.cluster import LocalCluster, command, runs
 from tests.conftest import FAST, Fleet, Proc, asyncio_wait_until, wait_until
 

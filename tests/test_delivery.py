@@ -16,8 +16,10 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from broker import AsyncReachClient, ReachClient, TaskFailed, connection, protocol
+from broker import AsyncReachClient, ReachClient, TaskFailed
+from broker.infra import connection
 from broker.keys import CapabilityKeys
+from broker.protocol.agents import agent_state_call
 from broker.registry import server_ms
 from broker.scripts import AsyncScripts, Scripts, source
 from broker.settings import Settings
@@ -87,7 +89,7 @@ def test_calls_sent_together_keep_their_replies_and_an_exchange_past_its_timeout
     async def scenario() -> None:
         aclient = connection.async_client(settings, socket_timeout=0.5)
         scripts = AsyncScripts(aclient)
-        nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
+        nobody = agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
         await aclient.xgroup_create(stream, "g", id="0", mkstream=True)
         entry = await aclient.xadd(stream, {"a": "1"})
         replies = await scripts.run_all([nobody, nobody], [
@@ -141,7 +143,7 @@ def test_script_calls_on_pooled_connections_the_server_dropped_succeed_at_once(
     # one must be replaced, not fail the call: with redis-py 8's maintenance notifications
     # on, the asyncio pool handed it out as it was.)
     skip_on_cluster(request)
-    nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
+    nobody = agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
 
     def drop(client_id: int) -> None:
         r.execute_command("CLIENT", "KILL", "ID", client_id)
@@ -298,7 +300,7 @@ def test_a_lane_keeps_its_connection_and_replaces_one_that_failed_or_was_dropped
     # in step, a connection the server dropped while idle replaced before use, one whose
     # exchange failed half way never used again.)
     skip_on_cluster(request)
-    nobody = protocol.agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
+    nobody = agent_state_call(settings, "nobody", "", "healthy")  # (replies 0)
     never = f"{settings.prefix}:lane:never"
 
     async def scenario() -> None:
@@ -480,7 +482,7 @@ def test_workers_dispatchers_and_clients_reconnect_after_a_redis_restart(tmp_pat
     from pathlib import Path
 
     from broker import Settings
-    from broker.embedded import EmbeddedRedis
+    from broker.infra.embedded import EmbeddedRedis
     from tests.conftest import FAST
 
     server = EmbeddedRedis(appendonly=True).start()
@@ -509,7 +511,7 @@ def test_processes_warn_at_start_when_redis_may_evict_tasks(tmp_path: object) ->
     from pathlib import Path
 
     from broker import Settings
-    from broker.embedded import EmbeddedRedis
+    from broker.infra.embedded import EmbeddedRedis
     from tests.conftest import FAST
 
     server = EmbeddedRedis(extra_args=["--maxmemory-policy", "allkeys-lru"]).start()

@@ -1,5 +1,5 @@
 """A dispatcher's big rounds on a real Redis: a round routed while the last one's dispatch calls
-are still in flight (capability.PIPELINE_MIN_TASKS) hands every task off once, loses none, and
+are still in flight (handoff.PIPELINE_MIN_TASKS) hands every task off once, loses none, and
 ends with the agents' exact inbox loads."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from bench.dispatch_bench import CAP, SimulatedAgents
 from broker import ReachClient
 from broker.keys import CapabilityKeys
 from broker.settings import Settings
-from dispatcher import capability
+from dispatcher import handoff
 from dispatcher.capability import CapabilityLoop
 from tests.conftest import sync_redis
 from tests.test_handoff import loop_without_service
@@ -28,7 +28,7 @@ TASKS = 2_000
 async def route_until_idle(loop: CapabilityLoop) -> None:
     """Rounds as the dispatch loop makes them while they move tasks (bounded, never forever)."""
     for _ in range(50):
-        if not await loop._route():
+        if not await loop.route():
             return
     raise AssertionError("the rounds kept moving tasks 50 times over: they should be done")
 
@@ -39,7 +39,7 @@ def inbox_entries(r: Any, keys: CapabilityKeys, agent_ids: list[str]) -> dict[st
 
 @pytest.mark.parametrize("case", ["alone", "inboxes-filled-meanwhile", "unplaceable-front"])
 async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
-    redis_url: str, settings: Settings, case: str
+    redis_url: str, settings: Settings, case: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     interloper = case == "inboxes-filled-meanwhile"
     r = sync_redis(redis_url)
@@ -57,11 +57,11 @@ async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
         handles = client.submit_many(CAP, [{"i": i} for i in range(TASKS)])
     task_ids = [h.task_id.split(":", 1)[1] for h in handles]
     loop = loop_without_service(settings, CAP)
-    await loop.d.view.refresh()
-    assert len(loop.candidates()[0]) == AGENTS
+    await loop.ctx.view.refresh()
+    assert len(loop.observations.candidates()[0]) == AGENTS
     sent: list[int] = []
     filled: dict[str, int] = {}
-    send = loop._send
+    send = loop.handoff.send
 
     def watch_send(batches: Any, rerouted: bool) -> None:
         sent.append(sum(len(b.tasks) for b in batches))
@@ -77,30 +77,30 @@ async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
                 r.xadd(keys.inbox(agent), {"id": f"other-{agent}-{n}"})
 
     taken: list[int] = []
-    note_results = loop._note_results
+    note_results = loop.handoff.note_results
 
     def watch_results(batches: Any, results: Any, rerouted: bool) -> Any:
         taken.append(sum(result.taken for result in results))
         return note_results(batches, results, rerouted)
 
     queued_at_grants: list[int] = []
-    grant = loop._grant
+    grant = loop.grants.grant
 
     async def watch_grant(round_: Any) -> None:
         if round_ is not None:  # (a round that found the queue empty grants the room left)
             queued_at_grants.append(r.zcard(keys.queue) - len(stuck))
         await grant(round_)
 
-    loop._send = watch_send  # type: ignore[method-assign]
-    loop._note_results = watch_results  # type: ignore[method-assign]
-    loop._grant = watch_grant  # type: ignore[method-assign]
+    monkeypatch.setattr(loop.handoff, "send", watch_send)
+    monkeypatch.setattr(loop.handoff, "note_results", watch_results)
+    monkeypatch.setattr(loop.grants, "grant", watch_grant)
     try:
         await route_until_idle(loop)
-        assert loop._inflight is None
+        assert not loop.handoff.in_flight
     finally:
-        await loop.d.redis.aclose()
-    assert sent and all(n >= capability.PIPELINE_MIN_TASKS for n in sent), sent
-    assert loop.pipelined_rounds == len(sent) >= (1 if stuck else 2)
+        await loop.ctx.close()
+    assert sent and all(n >= handoff.PIPELINE_MIN_TASKS for n in sent), sent
+    assert loop.handoff.pipelined_rounds == len(sent) >= (1 if stuck else 2)
     entries = inbox_entries(r, keys, sim.ids)
     handed = Counter(task for ids in entries.values() for task in ids if not task.startswith("other-"))
     assert set(handed) == set(task_ids) and set(handed.values()) == {1}
@@ -113,17 +113,17 @@ async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
         pipe.hmget(keys.task(task), "state", "fence")
     assert set(map(tuple, pipe.execute())) == {("dispatched", "1")}
     # The loads the dispatcher goes on with are the inboxes' own, not its optimistic counts.
-    assert {a: loop.loads[a].outstanding for a in sim.ids if a in loop.loads} == {
-        a: len(ids) for a, ids in entries.items() if a in loop.loads}
+    assert {a: loop.observations.loads[a].outstanding for a in sim.ids if a in loop.observations.loads} == {
+        a: len(ids) for a, ids in entries.items() if a in loop.observations.loads}
     if interloper:
         # The tasks left behind went to other agents, and said so.
-        assert len(filled) == 2 and loop.total_reroutes >= 8
+        assert len(filled) == 2 and loop.handoff.total_reroutes >= 8
         assert {a: sum(not t.startswith("other-") for t in entries[a]) for a in filled} == filled
     r.close()
 
 
 async def test_a_round_that_leaves_tasks_queued_takes_the_grants_back(
-    redis_url: str, settings: Settings
+    redis_url: str, settings: Settings, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Grants stand only while the queue is empty (submit hands tasks by grant only then, and
     # completions give grants back only then): a round that leaves tasks queued takes them
@@ -136,27 +136,27 @@ async def test_a_round_that_leaves_tasks_queued_takes_the_grants_back(
     keys = CapabilityKeys(settings.prefix, CAP)
     loop = loop_without_service(settings, CAP)
     refreshed: list[int] = []
-    refresh = loop.refresh_loads
+    refresh = loop.observations.refresh
 
     async def watch_refresh(agent_ids: list[str], health: bool = True) -> None:
         refreshed.append(len(agent_ids))
         await refresh(agent_ids, health)
 
-    loop.refresh_loads = watch_refresh  # type: ignore[method-assign]
+    monkeypatch.setattr(loop.observations, "refresh", watch_refresh)
     try:
-        await loop.d.view.refresh()
-        await loop._route()  # (nothing queued: the room is granted)
-        assert r.llen(keys.grants) > 0 and r.exists(keys.granted) and loop._granted
+        await loop.ctx.view.refresh()
+        await loop.route()  # (nothing queued: the room is granted)
+        assert r.llen(keys.grants) > 0 and r.exists(keys.granted) and loop.grants.granted
         with ReachClient(settings) as client:  # (sessions: they wait for a round, not a grant)
             client.submit_many(CAP, [{"i": i} for i in range(400)], session_id="s")
         refreshed.clear()
-        assert await loop._route()
+        assert await loop.route()
         assert refreshed == [20]  # (the granted agents' loads first)
         assert r.zcard(keys.queue) > 0, "the round was to leave tasks queued"
-        assert not r.exists(keys.grants) and not r.exists(keys.granted) and not loop._granted
+        assert not r.exists(keys.grants) and not r.exists(keys.granted) and not loop.grants.granted
         refreshed.clear()
-        await loop._route()
+        await loop.route()
         assert refreshed == []  # (no grants stand: nothing changes behind the round's back)
     finally:
-        await loop.d.redis.aclose()
+        await loop.ctx.close()
         r.close()

@@ -22,10 +22,14 @@ import redis
 from typer.testing import CliRunner
 
 import dlq_tools
-from broker import BadInput, ReachClient, Settings, TaskFailed, TaskHandle, protocol
+from broker import BadInput, ReachClient, Settings, TaskFailed, TaskHandle
+from broker.client.events import read_events
 from broker.keys import AGENT_GROUP, DISPATCH_GROUP, CapabilityKeys, RegistryKeys
+from broker.protocol.agents import bind_call
+from broker.protocol.delivery import AgentBatch, Lease, accept_call, dispatch_call
+from broker.protocol.lifecycle import dead_letter_raw_call
+from broker.protocol.reports import Completion, complete_call
 from broker.registry import server_ms
-from broker.results import read_events
 from broker.scripts import Scripts
 from dlq_tools import DeadLetters, Filter, Pacer, ReplayOptions, attempts_from_history
 from dlq_tools.parsing import parse_duration_ms, parse_ref, parse_time_ms
@@ -60,20 +64,20 @@ def fail_directly(settings: Settings, client: ReachClient, capability: str,
     r = client._redis
     scripts = Scripts(r)
     token = "token-" + agent
-    scripts(protocol.bind_call(settings, capability, agent, hashlib.sha1(token.encode()).hexdigest()))
+    scripts(bind_call(settings, capability, agent, hashlib.sha1(token.encode()).hexdigest()))
     handles = [client.submit(capability, payload,
                              max_attempts=1 if outcome == "retryable_failure" else None)
                for payload, outcome, _ in tasks]
     locals_ = [h.task_id.split(":")[1] for h in handles]
-    scripts(protocol.dispatch_call(settings, capability, [protocol.AgentBatch(agent, 10**6, locals_)]))
+    scripts(dispatch_call(settings, capability, [AgentBatch(agent, 10**6, locals_)]))
     ck = CapabilityKeys(settings.prefix, capability)
     read = r.xreadgroup(AGENT_GROUP, agent, {ck.inbox(agent): ">"}, count=len(tasks))[0][1]
-    deliveries = [protocol.Delivery(entry_id, f["id"], f["fence"]) for entry_id, f in read]
-    scripts(protocol.accept_call(settings, capability, agent, token, deliveries))
+    deliveries = [Lease(entry_id, f["id"], f["fence"]) for entry_id, f in read]
+    scripts(accept_call(settings, capability, agent, token, deliveries))
     by_local = {d.local_id: d for d in deliveries}
-    done = [protocol.Completion(by_local[local].entry_id, local, by_local[local].fence, outcome, error, 0, 3)
+    done = [Completion(by_local[local].entry_id, local, by_local[local].fence, outcome, error, 0, 3)
             for local, (_, outcome, error) in zip(locals_, tasks, strict=True)]
-    scripts(protocol.complete_call(settings, capability, agent, token, done))
+    scripts(complete_call(settings, capability, agent, token, done))
     return handles
 
 
@@ -83,7 +87,7 @@ def dead_letter_raw(settings: Settings, r: redis.Redis, capability: str, fields:
     r.xgroup_create(ck.intake, DISPATCH_GROUP, id="0", mkstream=True)
     entry_id = r.xadd(ck.intake, fields)
     r.xreadgroup(DISPATCH_GROUP, "d1", {ck.intake: ">"})
-    Scripts(r)(protocol.dead_letter_raw_call(settings, capability, ck.intake, DISPATCH_GROUP, entry_id,
+    Scripts(r)(dead_letter_raw_call(settings, capability, ck.intake, DISPATCH_GROUP, entry_id,
                                              "malformed", "no payload field", fields))
 
 

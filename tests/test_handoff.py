@@ -16,19 +16,25 @@ from __future__ import annotations
 import hashlib
 import random
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import redis
 
-from broker import ReachClient, TaskHandle, connection, protocol
+from broker import ReachClient, TaskHandle
+from broker.client.events import read_events
 from broker.ids import split_task_id
+from broker.infra import connection
 from broker.keys import AGENT_GROUP, CapabilityKeys, Channels
-from broker.results import read_events
-from broker.scripts import AsyncScripts, Scripts
+from broker.protocol.agents import bind_call
+from broker.protocol.delivery import AgentBatch, dispatch_call
+from broker.protocol.grants import Grant, Pull, grant_call, pulls_call
+from broker.protocol.reports import CompleteReply, Completion, complete_call, parse_complete
+from broker.scripts import Scripts
 from broker.settings import Settings
 from dispatcher.capability import CapabilityLoop
-from dispatcher.registry_view import RegistryView
+from dispatcher.context import DispatcherContext
 from dispatcher.routing import Candidate, InboxLoad, RoutingRound
 from dispatcher.service import Dispatcher
 from tests.conftest import Fleet, wait_until
@@ -38,29 +44,41 @@ from tests.handlers import runs
 def bind(r: redis.Redis, settings: Settings, capability: str, agent: str) -> None:
     """An agent's token and inbox, as registration makes them (no process behind it)."""
     sha = hashlib.sha1(f"token-{agent}".encode()).hexdigest()
-    Scripts(r)(protocol.bind_call(settings, capability, agent, sha))
+    Scripts(r)(bind_call(settings, capability, agent, sha))
 
 
 def grant(r: redis.Redis, settings: Settings, capability: str, *grants: str) -> None:
-    Scripts(r)(protocol.grant_call(settings, capability, list(grants), 60_000))
+    Scripts(r)(grant_call(settings, capability, parsed_grants(grants), 60_000))
+
+
+def parsed_grants(texts: Sequence[str]) -> list[Grant]:
+    grants = [Grant.parse(text) for text in texts]
+    assert all(g is not None and g.encode() == text for g, text in zip(grants, texts, strict=True))
+    return [g for g in grants if g is not None]
+
+
+def parsed_pulls(texts: dict[str, str]) -> dict[str, Pull]:
+    pulls = {agent: Pull.parse(text) for agent, text in texts.items()}
+    assert all(p is not None and p.encode() == texts[a] for a, p in pulls.items())
+    return {agent: p for agent, p in pulls.items() if p is not None}
 
 
 def finish_read(r: redis.Redis, settings: Settings, capability: str, agent: str,
-                outcome: str = "success", exec_ms: int = 1) -> protocol.CompleteReply:
+                outcome: str = "success", exec_ms: int = 1) -> CompleteReply:
     """Read what the agent's inbox holds and report all of it ended with `outcome`, each after
     `exec_ms`."""
     ck = CapabilityKeys(settings.prefix, capability)
     read = r.xreadgroup(AGENT_GROUP, agent, {ck.inbox(agent): ">"}, count=100)
     body = "{}" if outcome == "success" else "no"
-    done = [protocol.Completion(entry_id, f["id"], f["fence"], outcome, body, 0, exec_ms)
+    done = [Completion(entry_id, f["id"], f["fence"], outcome, body, 0, exec_ms)
             for entry_id, f in (read[0][1] if read else [])]
-    return protocol.parse_complete(Scripts(r)(protocol.complete_call(
+    return parse_complete(Scripts(r)(complete_call(
         settings, capability, agent, f"token-{agent}", done)))
 
 
 def hand(r: redis.Redis, settings: Settings, capability: str, agent: str, *handles: TaskHandle) -> None:
     """Dispatch these tasks to the agent, as a dispatcher's round would."""
-    Scripts(r)(protocol.dispatch_call(settings, capability, [protocol.AgentBatch(
+    Scripts(r)(dispatch_call(settings, capability, [AgentBatch(
         agent, 10, [split_task_id(h.task_id)[1] for h in handles])]))
 
 
@@ -87,7 +105,7 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     bind(r, settings, "grants", "live")
     bind(r, settings, "grants", "cold")
     # A grant of an agent that left (no token) is dropped; the next one is used.
-    grant(r, settings, "grants", "gone|40|round-1|50.0|", "live|40|round-1|80.5|")
+    grant(r, settings, "grants", "gone|40|round-1|50|", "live|40|round-1|80.5|")
     first = client.submit("grants", {"n": 1})
     assert first.status().state == "dispatched" and first.status().agent_id == "live"
     assert r.xlen(ck.inbox("live")) == 1 and r.zcard(ck.queue) == 0 and r.llen(ck.grants) == 0
@@ -95,16 +113,16 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     assert [(e.type, e.data.get("direct")) for e in events] == [("queued", None), ("dispatched", True)]
     assert record(r, prefix, first.task_id)["explain"] == "round-1|grant|80.5|"
     # A cold agent's grant serves low-priority tasks only; a higher one queues and leaves it.
-    grant(r, settings, "grants", "cold|40|round-2|60.0|1")
+    grant(r, settings, "grants", "cold|40|round-2|60|1")
     high = client.submit("grants", {"n": 2}, priority=8)
-    assert high.status().state == "queued" and r.lrange(ck.grants, 0, -1) == ["cold|40|round-2|60.0|1"]
+    assert high.status().state == "queued" and r.lrange(ck.grants, 0, -1) == ["cold|40|round-2|60|1"]
     assert 0 < r.pttl(ck.grants) <= 60_000  # (put back, it still dies with its set)
     r.zrem(ck.queue, split_task_id(high.task_id)[1])  # (so that the queue is empty again)
     low = client.submit("grants", {"n": 3}, priority=2)
     assert low.status().agent_id == "cold" and r.llen(ck.grants) == 0
     # Tasks with routing constraints always go through the queue, and so does everything while
     # the queue holds a task: nothing overtakes a waiting task.
-    grant(r, settings, "grants", *["live|40|round-3|80.0|"] * 3)
+    grant(r, settings, "grants", *["live|40|round-3|80|"] * 3)
     session = client.submit("grants", {"n": 4}, session_id="conv")
     assert session.status().state == "queued"
     behind = client.submit("grants", {"n": 5}, priority=9)
@@ -147,7 +165,7 @@ def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
 
     try:
         bind(r, settings, "took", "live")
-        grant(r, settings, "took", *["live|40|round-1|50.0|"] * 8)
+        grant(r, settings, "took", *["live|40|round-1|50|"] * 8)
         wake_messages_until_marker(pubsub, r, channel, slot)  # (the subscription is in place)
         assert [submit_and_hear(n) for n in (1, 2, 3)] == [[], [], []]  # 7, 6, 5 left
         assert submit_and_hear(4) == []  # 4 left: a power of two, but not below half of 8
@@ -158,7 +176,7 @@ def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
         assert wake_messages_until_marker(pubsub, r, channel, slot) == ["took took live 8 -1 2 0"]
         # Grants of a dispatcher that keeps no count (the release before) are told at every
         # power of two, as before: with the count, 2 of 4 left would not be below half.
-        grant(r, settings, "took", *["live|40|round-2|50.0|"] * 4)
+        grant(r, settings, "took", *["live|40|round-2|50|"] * 4)
         r.delete(CapabilityKeys(prefix, "took").granted)
         assert submit_and_hear(9) == []  # 3 left
         assert submit_and_hear(10) == ["took took live 10 -1 1 2"]
@@ -167,15 +185,15 @@ def test_submits_tell_the_dispatchers_of_hand_offs_only_as_the_grants_run_out(
     # The dispatcher takes `left` as it is (skipped stale grants and several dispatchers made
     # counting hand-offs down drift), and routes once fewer than half of its grants are left.
     dispatcher = Dispatcher(settings)
-    loop = dispatcher.loops["took"] = CapabilityLoop(dispatcher, "took")
-    loop._grants_written = loop._grants_left = 8
+    loop = dispatcher.loops["took"] = CapabilityLoop(DispatcherContext.connect(settings), "took")
+    loop.grants.written = loop.grants.left = 8
     dispatcher.on_wake("took took live 4 -1 1 4")
-    assert loop._grants_left == 4 and not loop._wake.is_set()
+    assert loop.grants.left == 4 and not loop._wake.is_set()
     dispatcher.on_wake("took took live 6 -1 1 2")
-    assert loop._grants_left == 2 and loop._wake.is_set()
+    assert loop.grants.left == 2 and loop._wake.is_set()
     # (a producer of the release before tells every hand-off, and the count goes down by it)
     dispatcher.on_wake("took took live 7 -1 1")
-    assert loop._grants_left == 1
+    assert loop.grants.left == 1
 
 
 def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
@@ -193,7 +211,7 @@ def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
     assert finish_read(r, settings, cap, "warm").pulled == 0 and r.zcard(ck.queue) == 5
     hand(r, settings, cap, "warm", queued[0])
     pulls = {"warm": "10|round-p|71.5|", "cold": "10|round-p|40|1"}
-    scripts(protocol.pulls_call(settings, cap, pulls, 60_000))
+    scripts(pulls_call(settings, cap, parsed_pulls(pulls), 60_000))
     # One slot freed, one task pulled: the queue's front, as the dispatcher would have taken it.
     reply = finish_read(r, settings, cap, "warm")
     assert (reply.statuses, reply.pulled, reply.inbox_len, reply.inbox_pending) == (("ok",), 1, 1, 0)
@@ -215,7 +233,7 @@ def test_a_completion_pulls_the_next_plain_tasks_while_the_queue_is_deep(
     hand(r, settings, cap, "cold", low)
     assert finish_read(r, settings, cap, "cold").pulled == 0 and r.zcard(ck.queue) == 2
     # Never past the inbox limit: with room for one unread entry, one of two freed slots is refilled.
-    scripts(protocol.pulls_call(settings, cap, {"warm": "1|round-q|70|"}, 60_000))
+    scripts(pulls_call(settings, cap, parsed_pulls({"warm": "1|round-q|70|"}), 60_000))
     extra = client.submit(cap, {"n": 8}, priority=9)
     hand(r, settings, cap, "warm", extra, queued[3])
     assert finish_read(r, settings, cap, "warm").pulled == 1 and r.zcard(ck.queue) == 0
@@ -233,7 +251,7 @@ def test_a_full_inbox_refuses_its_grant(
 ) -> None:
     ck = CapabilityKeys(prefix, "fullgrant")
     bind(r, settings, "fullgrant", "small")
-    grant(r, settings, "fullgrant", *["small|2|r|1.0|"] * 4)
+    grant(r, settings, "fullgrant", *["small|2|r|1|"] * 4)
     handles = [client.submit("fullgrant", {"n": i}) for i in range(3)]
     assert [h.status().state for h in handles] == ["dispatched", "dispatched", "queued"]
     assert r.xlen(ck.inbox("small")) == 2  # never past the agent's backlog limit
@@ -260,14 +278,14 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
     try:
         for agent in ("live", "other"):
             bind(r, settings, cap, agent)
-        grant(r, settings, cap, *["live|40|round-1|50.0|"] * 4)
+        grant(r, settings, cap, *["live|40|round-1|50|"] * 4)
         heard()  # (the subscription is in place)
         first = client.submit(cap, {"n": 1})
         client.submit(cap, {"n": 2})
         assert r.llen(ck.grants) == 2 and heard() == []  # (2 of 4 left is not below half)
         reply = finish_read(r, settings, cap, "live")
         assert reply.statuses == ("ok", "ok") and first.result(timeout=5) == {}
-        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-1|50.0|"] * 4 and heard() == []
+        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-1|50|"] * 4 and heard() == []
         # A task the agent got otherwise (a dispatcher's round) ends quietly too, but it used no
         # grant and gives none: the grants never outnumber the set written.
         routed = client.submit(cap, {"n": 3}, session_id="s")
@@ -291,20 +309,20 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
         r.zrem(ck.queue, split_task_id(queued.task_id)[1])
         # Grants given back to a list that submits emptied die with the set they came from.
-        grant(r, settings, cap, "live|40|round-2|60.0|")
+        grant(r, settings, cap, "live|40|round-2|60|")
         again = client.submit(cap, {"n": 8})
         assert again.status().agent_id == "live" and not r.exists(ck.grants)
         heard()
         finish_read(r, settings, cap, "live")
-        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-2|60.0|"] and heard() == []
+        assert r.lrange(ck.grants, 0, -1) == ["live|40|round-2|60|"] and heard() == []
         assert 0 < r.pttl(ck.grants) <= 60_000
         # An agent the standing set does not name, or one that is draining, is told about.
-        grant(r, settings, cap, "other|40|round-3|70.0|")
+        grant(r, settings, cap, "other|40|round-3|70|")
         hand(r, settings, cap, "live", client.submit(cap, {"n": 9}, session_id="s"))
         heard()
         finish_read(r, settings, cap, "live")
         assert heard() == ["free credit live 0 0 0 1 1 0"]
-        grant(r, settings, cap, "live|40|round-4|70.0|")
+        grant(r, settings, cap, "live|40|round-4|70|")
         hand(r, settings, cap, "live", client.submit(cap, {"n": 10}, session_id="s"))
         r.hset(ck.tokens, "draining:live", "1")
         heard()
@@ -313,7 +331,7 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         # A task over the latency ceiling is told (the agent may be on its way to ejection, or
         # be a slow agent's probe), and gives no grant back.
         r.hdel(ck.tokens, "draining:live")
-        grant(r, settings, cap, "live|40|round-5|70.0|")
+        grant(r, settings, cap, "live|40|round-5|70|")
         client.submit(cap, {"n": 11})
         heard()
         finish_read(r, settings, cap, "live", exec_ms=500)
@@ -335,18 +353,18 @@ def test_a_probe_grant_not_taken_yet_outlives_the_set_that_replaces_it(
     client = ReachClient(settings)
     ck = CapabilityKeys(prefix, cap)
     scripts = Scripts(r)
-    probe, plain = "flaky|8|round-1|40.0|", "solid|8|round-1|60.0|"
+    probe, plain = "flaky|8|round-1|40|", "solid|8|round-1|60|"
 
     def rewrite(grants: list[str], probes: list[str]) -> list[Any]:
-        return list(scripts(protocol.grant_call(settings, cap, grants, 60_000, probes)))
+        return list(scripts(grant_call(settings, cap, parsed_grants(grants), 60_000, probes)))
 
     try:
         for agent in ("flaky", "solid"):
             bind(r, settings, cap, agent)
         assert rewrite([probe, plain], []) == [2]
         # The next round counts the probe as out: its set does not name flaky.
-        assert rewrite(["solid|8|round-2|60.0|"] * 2, ["flaky"]) == [3, "flaky"]
-        assert r.lrange(ck.grants, 0, -1) == [probe] + ["solid|8|round-2|60.0|"] * 2
+        assert rewrite(["solid|8|round-2|60|"] * 2, ["flaky"]) == [3, "flaky"]
+        assert r.lrange(ck.grants, 0, -1) == [probe] + ["solid|8|round-2|60|"] * 2
         assert r.hget(ck.granted, "flaky") == probe and r.hget(ck.granted, "#") == "3"
         assert r.pttl(ck.grants) > 0 and r.pttl(ck.granted) > 0
         # A submit takes it: the probe is out for real, and the next rewrite has none to carry.
@@ -371,7 +389,7 @@ def test_cancel_takes_an_unread_entry_back_so_the_task_never_starts(
     bind(r, settings, "unread", "later")
     handle = client.submit("unread", {"n": 1})
     local = split_task_id(handle.task_id)[1]
-    Scripts(r)(protocol.dispatch_call(settings, "unread", [protocol.AgentBatch("later", 10, [local])]))
+    Scripts(r)(dispatch_call(settings, "unread", [AgentBatch("later", 10, [local])]))
     assert handle.status().state == "dispatched" and r.xlen(ck.inbox("later")) == 1
     assert client.cancel(handle.task_id) is True
     assert r.xlen(ck.inbox("later")) == 0
@@ -478,12 +496,9 @@ def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_sub
 
 def loop_without_service(settings: Settings, capability: str) -> CapabilityLoop:
     """A capability's dispatch loop on its own Redis connection, for a test to drive its
-    rounds by hand (no dispatcher service, wake listener or registry refresh around it)."""
-    d = Dispatcher(settings)
-    d.redis = connection.async_client(settings)
-    d.scripts = AsyncScripts(d.redis)
-    d.view = RegistryView(settings, d.redis)  # (never refreshed: no agents serve)
-    return CapabilityLoop(d, capability)
+    rounds by hand (no dispatcher service, wake listener or registry refresh around it; its
+    registry view is never refreshed: no agents serve)."""
+    return CapabilityLoop(DispatcherContext.connect(settings), capability)
 
 
 @pytest.mark.one_redis
@@ -505,14 +520,14 @@ async def test_an_agent_back_from_a_failure_gets_low_priority_grants_at_once(
 
     try:
         keys = CapabilityKeys(settings.prefix, "back")
-        await loop._grant(round_with(0))
+        await loop.grants.grant(round_with(0))
         warm = r.lrange(keys.grants, 0, -1)
         assert warm and all(g.split("|")[4] == "" for g in warm), warm
-        await loop._grant(round_with(now))
+        await loop.grants.grant(round_with(now))
         cold = r.lrange(keys.grants, 0, -1)
         assert cold and all(g.startswith("back-1|") and g.split("|")[4] == "1" for g in cold), cold
     finally:
-        await loop.d.redis.aclose()
+        await loop.ctx.close()
 
 
 @pytest.mark.one_redis
@@ -530,22 +545,22 @@ async def test_grants_half_used_are_written_again_by_the_next_round(
     agent = Candidate("refill-1", 4, InboxLoad(0, 0))
     try:
         keys = CapabilityKeys(settings.prefix, "refill")
-        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        await loop.grants.grant(RoutingRound([agent], settings, now, random.Random(1)))
         full = r.llen(keys.grants)
         assert full >= 4
         used = full // 2 + 1
         for _ in range(used):
             r.lpop(keys.grants)  # as submits take them
         loop.on_took(used)
-        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        await loop.grants.grant(RoutingRound([agent], settings, now, random.Random(1)))
         assert r.llen(keys.grants) == full
         # while fewer than half are used, the standing set is left alone (no write per round)
         r.lpop(keys.grants)
         loop.on_took(1)
-        await loop._grant(RoutingRound([agent], settings, now, random.Random(1)))
+        await loop.grants.grant(RoutingRound([agent], settings, now, random.Random(1)))
         assert r.llen(keys.grants) == full - 1
     finally:
-        await loop.d.redis.aclose()
+        await loop.ctx.close()
 
 
 @pytest.mark.one_redis
@@ -562,25 +577,25 @@ async def test_every_round_while_grants_stand_reads_the_granted_agents_loads_fir
     bind(r, settings, "unsure", "unsure-1")
     producer = ReachClient(settings)
     try:
-        await loop._grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(0, 0))], settings, now,
+        await loop.grants.grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(0, 0))], settings, now,
                                        random.Random(1)))
         assert r.llen(CapabilityKeys(settings.prefix, "unsure").grants) >= 4
         for n in range(3):
             assert producer.submit("unsure", {"n": n}).status().agent_id == "unsure-1"
-        assert "unsure-1" not in loop.loads  # (nothing told it)
-        await loop._route()
-        assert loop.loads["unsure-1"] == InboxLoad(3, 0) and not loop._unsure
+        assert "unsure-1" not in loop.observations.loads  # (nothing told it)
+        await loop.route()
+        assert loop.observations.loads["unsure-1"] == InboxLoad(3, 0) and not loop.observations.unsure
         # Later rounds too: the three end quietly, two more come by grant. (This loop serves no
         # agent, so its round cleared the grants: they are written again here.)
-        await loop._grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(3, 0))], settings, now,
+        await loop.grants.grant(RoutingRound([Candidate("unsure-1", 4, InboxLoad(3, 0))], settings, now,
                                        random.Random(1)))
         assert finish_read(r, settings, "unsure", "unsure-1").statuses == ("ok",) * 3
         for n in range(3, 5):
             assert producer.submit("unsure", {"n": n}).status().agent_id == "unsure-1"
-        loop.loads["unsure-1"] = InboxLoad(4, 4)  # (as a stale view would have it: full)
-        await loop._route()
-        assert loop.loads["unsure-1"] == InboxLoad(2, 0)
+        loop.observations.loads["unsure-1"] = InboxLoad(4, 4)  # (as a stale view would have it: full)
+        await loop.route()
+        assert loop.observations.loads["unsure-1"] == InboxLoad(2, 0)
     finally:
         producer.close()
-        await loop.d.redis.aclose()
+        await loop.ctx.close()
 

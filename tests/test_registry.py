@@ -1,7 +1,7 @@
 """Issue 3: the agent registry (registration, tokens, heartbeats, the operators' view), against
 real Redis and real processes (health states, draining and pruning: test_agent_lifecycle.py).
 
-Every worker is a real `python -m agent_worker` process and every dispatcher a real
+Every worker is a real `python -m reach_cli.worker` process and every dispatcher a real
 `python -m reach_cli dispatcher`; health is driven with real signals (SIGSTOP/SIGCONT/SIGTERM/
 SIGKILL) and judged, as the product does, from the Redis server clock. The state a test relies on
 (what sits in an inbox, what the registry recorded) is read from Redis and polled with a
@@ -21,13 +21,17 @@ from typing import Any
 import redis
 
 from agent_worker.registration import register
-from broker import ReachClient, connection, protocol
-from broker.embedded import EmbeddedRedis, free_port
+from broker import ReachClient
+from broker.client.events import feed_events
 from broker.ids import split_task_id
+from broker.infra import connection
+from broker.infra.embedded import EmbeddedRedis, free_port
 from broker.keys import CapabilityKeys, RegistryKeys
 from broker.models import AgentDescriptor
+from broker.protocol.agents import deregister_call, heartbeat_call
+from broker.protocol.delivery import Lease, accept_call
+from broker.protocol.reports import Completion, complete_call, progress_call, renew_call
 from broker.registry import AgentState
-from broker.results import feed_events
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
 from tests.conftest import FAST, Fleet, agent_state_of, settings_env, wait_until
@@ -65,10 +69,10 @@ def test_a_forged_heartbeat_or_deregister_with_a_wrong_token_is_refused(
     scripts = Scripts(r)
     forged_stats = {"inflight": 99, "loop_progress_age_ms": 0, "draining": True}
     for token in ("not-the-token", ""):
-        reply = scripts(protocol.heartbeat_call(settings, w.agent_id, token, forged_stats, "draining"))
+        reply = scripts(heartbeat_call(settings, w.agent_id, token, forged_stats, "draining"))
         assert reply == ["refused"]
-    assert scripts(protocol.deregister_call(settings, w.agent_id, "not-the-token")) == "refused"
-    assert scripts(protocol.heartbeat_call(settings, "nobody", "x", {}, "")) == ["unknown"]
+    assert scripts(deregister_call(settings, w.agent_id, "not-the-token")) == "refused"
+    assert scripts(heartbeat_call(settings, "nobody", "x", {}, "")) == ["unknown"]
 
     record = agent_hash(r, prefix, w.agent_id)
     assert record["mode"] == "active" and int(record["refused"]) == 3
@@ -105,20 +109,20 @@ def test_forged_accept_complete_progress_renew_with_a_wrong_token_are_refused(
 
     scripts = Scripts(r)
     bad = "forged-token"
-    accept = protocol.accept_call(settings, "fence", w.agent_id, bad,
-                                  [protocol.Delivery(wait_entry, wait_local, wait_fence)])
-    assert scripts(accept) == ["REFUSED"]
-    complete = protocol.complete_call(settings, "fence", w.agent_id, bad, [protocol.Completion(
+    accept = accept_call(settings, "fence", w.agent_id, bad,
+                                  [Lease(wait_entry, wait_local, wait_fence)])
+    assert scripts(accept) == ["refused"]
+    complete = complete_call(settings, "fence", w.agent_id, bad, [Completion(
         run_entry, run_local, run_fence, "success", '{"forged": true}', 0, 1)])
-    assert scripts(complete) == ["REFUSED"]
-    assert scripts(protocol.progress_call(settings, "fence", run_local, w.agent_id, bad, run_fence,
+    assert scripts(complete) == ["refused"]
+    assert scripts(progress_call(settings, "fence", run_local, w.agent_id, bad, run_fence,
                                           {"fraction": 1.0})) == "refused"
-    assert scripts(protocol.renew_call(settings, "fence", w.agent_id, bad, [
-        protocol.Lease(run_entry, run_local, run_fence)])) == ["REFUSED"]
+    assert scripts(renew_call(settings, "fence", w.agent_id, bad, [
+        Lease(run_entry, run_local, run_fence)])) == ["refused"]
     # An empty token is no token at all.
-    complete_empty = protocol.complete_call(settings, "fence", w.agent_id, "", [protocol.Completion(
+    complete_empty = complete_call(settings, "fence", w.agent_id, "", [Completion(
         run_entry, run_local, run_fence, "failure", "forged", 0, 1)])
-    assert scripts(complete_empty) == ["REFUSED"]
+    assert scripts(complete_empty) == ["refused"]
 
     # Nothing moved: same records, same histories, same inbox.
     for h in (running, waiting):
@@ -147,9 +151,9 @@ def test_registration_is_an_idempotent_upsert_and_replaces_the_token(
         scripts = AsyncScripts(aclient)
         try:
             first = await register(settings, aclient, scripts, descriptor)
-            beat_first = await scripts(protocol.heartbeat_call(settings, "reg-1", first, {}))
+            beat_first = await scripts(heartbeat_call(settings, "reg-1", first, {}))
             second = await register(settings, aclient, scripts, descriptor)
-            beat_old = await scripts(protocol.heartbeat_call(settings, "reg-1", first, {}))
+            beat_old = await scripts(heartbeat_call(settings, "reg-1", first, {}))
             return first, second, beat_first[0] == "ok", beat_old == ["refused"]
         finally:
             await aclient.aclose()
@@ -157,10 +161,10 @@ def test_registration_is_an_idempotent_upsert_and_replaces_the_token(
     first, second, first_was_good, old_refused = asyncio.run(register_twice())
     assert first != second and first_was_good and old_refused
     scripts = Scripts(r)
-    assert scripts(protocol.heartbeat_call(settings, "reg-1", second, {}))[0] == "ok"
+    assert scripts(heartbeat_call(settings, "reg-1", second, {}))[0] == "ok"
     # The capability's token hash was replaced too: the old token cannot accept or complete.
-    assert scripts(protocol.accept_call(settings, "reg", "reg-1", first, [])) == ["REFUSED"]
-    assert scripts(protocol.accept_call(settings, "reg", "reg-1", second, [])) == []
+    assert scripts(accept_call(settings, "reg", "reg-1", first, [])) == ["refused"]
+    assert scripts(accept_call(settings, "reg", "reg-1", second, [])) == []
     assert r.zrange(RegistryKeys(prefix).agents, 0, -1) == ["reg-1"]
     details = [e["detail"] for e in registry_events(r, prefix, "reg-1") if e["type"] == "registered"]
     assert details == ["", "re-registered"]

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 import redis
 
-from broker import ReachClient, Settings, TaskCanceled, TaskFailed, protocol
+from broker import ReachClient, Settings, TaskCanceled, TaskFailed
+from broker.client.events import read_events
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
 from broker.models import TaskEvent
-from broker.results import read_events
+from broker.protocol.delivery import AgentBatch, dispatch_call
 from broker.scripts import Scripts
 from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import runs
@@ -371,8 +372,8 @@ def test_a_task_failed_before_its_agent_read_it_is_taken_out_of_the_inbox(make_s
         # (Put into the busy agent's inbox by hand: a dispatcher may keep it queued instead, as
         # it sizes a slow agent's prefetch to its speed. If the dispatcher was first, this call
         # finds it taken.)
-        Scripts(r)(protocol.dispatch_call(settings, "unread", [
-            protocol.AgentBatch(str(busy.agent_id), 10, [split_task_id(waiting.task_id)[1]])]))
+        Scripts(r)(dispatch_call(settings, "unread", [
+            AgentBatch(str(busy.agent_id), 10, [split_task_id(waiting.task_id)[1]])]))
         assert wait_state(client, waiting.task_id, "dispatched", "failed").agent_id == busy.agent_id
         with pytest.raises(TaskFailed) as failed:
             waiting.result(timeout=30)
@@ -442,7 +443,7 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path: Any) -> None:
     import secrets
     from pathlib import Path
 
-    from broker.embedded import EmbeddedRedis
+    from broker.infra.embedded import EmbeddedRedis
     from tests.conftest import FAST
 
     server = EmbeddedRedis(appendonly=True).start()
@@ -482,7 +483,7 @@ def test_a_report_redis_refuses_for_a_while_is_stored_once_it_accepts(tmp_path: 
     import secrets
     from pathlib import Path
 
-    from broker.embedded import EmbeddedRedis
+    from broker.infra.embedded import EmbeddedRedis
     from tests.conftest import FAST
 
     server = EmbeddedRedis().start()

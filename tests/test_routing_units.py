@@ -7,27 +7,25 @@ import math
 import random
 import time
 from collections import Counter
-from types import SimpleNamespace
 
 import pytest
 
 from broker import Settings
 from broker.models import AgentDescriptor
+from broker.protocol.health import AgentHealth, parse_health
+from broker.protocol.queue_score import decode as decode_queue_score
 from broker.registry import AgentRecord
 from broker.versions import satisfies
-from dispatcher.capability import CapabilityLoop
-from dispatcher.registry_view import RegistryView
+from dispatcher.context import DispatcherContext
+from dispatcher.observations import Observations
 from dispatcher.routing import (
-    AgentHealth,
     Candidate,
     InboxLoad,
     ReadyTask,
     RoutingRound,
     WeightedPool,
     components,
-    decode_queue_score,
     gate,
-    parse_health,
     score,
 )
 
@@ -172,7 +170,7 @@ def test_snapshot_lists_candidates_and_filters() -> None:
 @pytest.mark.parametrize("constrained", [False, True])
 def test_a_queue_score_carries_priority_and_constraints_in_its_fraction(priority: int,
                                                                       constrained: bool) -> None:
-    # The layout of queue_score in broker/lua/_lib.lua, at today's and at a far later clock.
+    # The layout of queue_score in broker/lua/_queue.lua, at today's and at a far later clock.
     for now in (1_764_000_000_000, 4_000_000_000_000):
         frac = (priority + 1) / 16 + (1 / 32 if constrained else 0)
         score = float(f"{now - priority * S.aging_ms + frac:.5f}")
@@ -203,12 +201,12 @@ def test_slots_held_by_handlers_past_their_timeout_are_left_out_of_an_agents_con
     held: object, seen: int
 ) -> None:
     settings = Settings.load(redis_url="redis://unused:1/0", prefix="held")
-    view = RegistryView(settings, client=None)
+    ctx = DispatcherContext.connect(settings)
     now = int(time.time() * 1000)
-    view._offset_ms = now - time.monotonic() * 1000
-    stats = {"inflight": 0, "max_concurrency": 8}
+    ctx.view._offset_ms = now - time.monotonic() * 1000
+    stats: dict[str, object] = {"inflight": 0, "max_concurrency": 8}
     if held is not None:
-        stats["held_slots"] = held  # type: ignore[assignment]
+        stats["held_slots"] = held
     record = AgentRecord.from_hash({
         "agent_id": "a1", "last_seen": str(now), "registered_at": str(now), "warm_until": str(now),
         "mode": "active", "stats": json.dumps(stats),
@@ -216,9 +214,8 @@ def test_slots_held_by_handlers_past_their_timeout_are_left_out_of_an_agents_con
                                       max_concurrency=8).model_dump_json(),
     })
     assert record is not None
-    view.agents = {"a1": record}
-    loop = CapabilityLoop(SimpleNamespace(settings=settings, view=view), "cap")  # type: ignore[arg-type]
-    (candidate,), _ = loop.candidates()
+    ctx.view.agents = {"a1": record}
+    (candidate,), _ = Observations(ctx, "cap").candidates()
     assert candidate.max_concurrency == seen
 
 
@@ -227,7 +224,7 @@ def test_the_speed_completions_told_counts_only_while_they_keep_telling_it() -> 
     # wake-ups told can be old: after two heartbeats without a word, routing goes by the
     # heartbeat's latency (an agent whose tasks turned slow must not keep a fast prefetch).
     settings = Settings.load(redis_url="redis://unused:1/0", prefix="speed", heartbeat_ms=5000)
-    loop = CapabilityLoop(SimpleNamespace(settings=settings, view=None), "cap")  # type: ignore[arg-type]
+    loop = Observations(DispatcherContext.connect(settings), "cap")
     assert loop.recent_speed("a1", time.monotonic()) is None
     loop.note_speed("a1", 4, 8.0)
     loop.note_speed("a1", 1, 12.0)

@@ -20,7 +20,7 @@ import redis
 
 from broker import ReachClient, Settings
 from broker.keys import CapabilityKeys, RegistryKeys
-from dispatcher.routing import parse_explanation
+from broker.protocol.grants import Explanation
 from tests.conftest import ROOT, Fleet, settings_env, wait_until
 from tests.handlers import runs
 from tests.sim_fleet import CONCURRENCY, capability_of
@@ -66,12 +66,12 @@ def test_three_dispatchers_killed_at_random_lose_nothing_and_run_nothing_twice(
     pulled = 0
     for h in handles:
         capability, local = h.task_id.split(":")
-        decision = parse_explanation(r.hget(CapabilityKeys(prefix, capability).task(local), "explain"))
-        assert decision is not None and decision["round"], f"{h.task_id} names no decision"
-        if decision["why"] == "pull":
+        decision = Explanation.parse(r.hget(CapabilityKeys(prefix, capability).task(local), "explain"))
+        assert decision is not None and decision.round_id, f"{h.task_id} names no decision"
+        if decision.why == "pull":
             pulled += 1
         else:
-            by_dispatcher[decision["round"].split(".", 1)[0]] += 1
+            by_dispatcher[decision.round_id.split(".", 1)[0]] += 1
     placed = sum(by_dispatcher.values())
     # No leader, and no fairness either: every dispatcher reads the same consumer group, and
     # whichever wakes first takes a round, so one may place nearly all of them (1,172 of 1,281

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 from broker import ConfigError, ReachClient, Settings
-from broker.connection import parse_sentinel_url
-from broker.embedded import EmbeddedRedis, free_port, redis_server_binary
+from broker.infra.connection import parse_sentinel_url
+from broker.infra.embedded import EmbeddedRedis, free_port, redis_server_binary
 from tests.conftest import FAST, Fleet, wait_until
 
 

@@ -17,11 +17,12 @@ from agent_worker.builtin.summarize import split_sentences, summarize
 from agent_worker.classify import backoff_ms, classify, describe
 from agent_worker.http_bridge import AgentFailed, interpret
 from broker import Settings, codec
+from broker.client.events import events_of_record, feed_events, message_is_terminal
 from broker.ids import new_task_id, split_task_id
-from broker.inbox import parse_delivery
 from broker.models import Outcome, TaskEvent
+from broker.protocol.delivery import parse_entry as parse_delivery
+from broker.protocol.lifecycle import parse_done as done_outcome
 from broker.registry import AgentRecord, AgentState, agent_state
-from broker.results import done_outcome, events_of_record, feed_events, message_is_terminal
 from broker.settings import redact_url
 from dispatcher.routing import Candidate, InboxLoad, ReadyTask, assign, refill_allowance, room
 
@@ -233,7 +234,7 @@ def test_http_bridge_interprets_business_status(status: int, body: bytes, expect
 
 
 def test_compact_events_read_back_as_task_events() -> None:
-    # The layout the scripts write (broker/lua/_lib.lua): type|time ms|attempt|agent|data JSON.
+    # The layout the scripts write (broker/lua/_events.lua): type|time ms|attempt|agent|data JSON.
     event = TaskEvent.from_compact(3, 'progress|1764000000123|2|w-1|{"m":"a|b"}', "cap:ID", "tr")
     assert (event.seq, event.type, event.attempt, event.agent_id, event.data) == (
         3, "progress", 2, "w-1", {"m": "a|b"})
@@ -282,7 +283,7 @@ def test_an_inbox_entry_carries_what_starting_its_task_needs() -> None:
 async def test_a_supervised_job_backs_off_while_it_fails_and_starts_over_once_it_ran_well(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from agent_worker.runtime import supervised
+    from agent_worker.worker import supervised
 
     # fails at once twice, then runs well for a while and fails, then ends
     plan = iter([0.0, 0.0, 0.3, None])

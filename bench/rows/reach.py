@@ -1,6 +1,6 @@
 """Reach: the producer client in this process; workers and the dispatcher as real processes.
 
-Workers are `python -m agent_worker --capability echo --concurrency 8` (the built-in no-op
+Workers are `python -m reach_cli.worker --capability echo --concurrency 8` (the built-in no-op
 handler, Reach's default concurrency), the dispatcher is `python -m reach_cli dispatcher`, all
 with default settings and only REDIS_URL and REACH_PREFIX set. The workers start first and must
 be registered and healthy; the tasks are queued; then the dispatcher starts, which is what
@@ -38,7 +38,7 @@ class ReachRow(Row):
 
     def settings(self) -> dict[str, Any]:
         return {
-            "worker": f"python -m agent_worker --capability echo --concurrency "
+            "worker": f"python -m reach_cli.worker --capability echo --concurrency "
                       f"{self.b.opts.reach_concurrency} (built-in no-op async handler)",
             "dispatcher": "python -m reach_cli dispatcher (one process)",
             "settings": "defaults (REACH_PREFIX and REDIS_URL only)",
@@ -99,7 +99,7 @@ class ReachRow(Row):
         ids = []
         for i in range(count):
             agent_id = f"{self.ns}-w{i + 1}"
-            argv = self.b.python("agent_worker", "--capability", CAPABILITY, "--agent-id", agent_id,
+            argv = self.b.python("reach_cli.worker", "--capability", CAPABILITY, "--agent-id", agent_id,
                                  "--concurrency", str(concurrency or self.b.opts.reach_concurrency))
             if handler:
                 argv += ["--handler", handler]

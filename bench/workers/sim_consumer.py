@@ -43,7 +43,7 @@ def agent_ids(count: int) -> list[str]:
 
 def dispatched_to(events: str) -> set[str]:
     """The agents named by the `dispatched` lines of one feed entry (`id|seq|type|time|attempt|
-    agent|data`, see broker/lua/_lib.lua). (broker/results.py's feed_events reads the same lines
+    agent|data`, see broker/lua/_events.lua). (broker/client/events.py's feed_events reads the same lines
     into whole events, JSON data included: more than a stand-in that must stay cheap needs.)"""
     agents = set()
     for line in events.split("\n"):

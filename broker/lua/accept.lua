@@ -1,20 +1,20 @@
 -- accept: an agent takes tasks it read from its inbox and starts running them.
 -- KEYS[1] the agent's inbox   KEYS[2] dead-letter stream   KEYS[3] capability event feed
 -- KEYS[4] agent tokens hash   then KEYS[5+i] the task hash of task i
--- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] channel prefix
+-- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] task channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] '1' when the agent started the tasks already (from what their
 -- inbox entries carry: this call only records it), '0' when it waits for this reply to start
 -- them   then for task i: ARGV[7+2i] inbox entry id, ARGV[8+2i] fencing token
 -- Only the delivery the task currently expects (same agent, same fence, state dispatched) may
 -- start; any other entry is a stale copy and is acknowledged away without running.
--- Returns {'REFUSED'} for a bad token, else for each task 10 values: status ('ok', 'gone',
+-- Returns {'refused'} for a bad token, else for each task 10 values: status ('ok', 'gone',
 -- 'stale', 'canceled', 'expired', 'failed', or 'done' when the task's result was stored
 -- already: the agent reported it before this record of its start), and for 'ok' when the agent
 -- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace id, session id,
 -- metadata, max attempts, task id ('' otherwise).
 local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
-if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'REFUSED'} end
+if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} end
 local started = ARGV[6] == '1'
 local n = #KEYS - 4
 local now = now_ms()
@@ -39,7 +39,7 @@ local function row(status, t)
 end
 
 local function drop(entry)
-  redis.call('XACK', inbox, 'agents', entry)
+  redis.call('XACK', inbox, AGENT_GROUP, entry)
   redis.call('XDEL', inbox, entry)
 end
 

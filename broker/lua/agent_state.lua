@@ -3,7 +3,7 @@
 -- KEYS[1] the agent's hash   KEYS[2] registry event stream   KEYS[3] changes zset
 -- KEYS[4] revision counter
 -- ARGV[1] agent id   ARGV[2] the state the caller last knew ('' for none)   ARGV[3] the new state
--- ARGV[4] channel prefix
+-- ARGV[4] wake channel
 -- Returns 1 if this call recorded the change, 0 if someone else did (or the agent is gone).
 if redis.call('EXISTS', KEYS[1]) == 0 then return 0 end
 local current = redis.call('HGET', KEYS[1], 'state') or ''
@@ -17,5 +17,5 @@ end
 redis.call('ZADD', KEYS[3], redis.call('INCR', KEYS[4]), ARGV[1])
 redis.call('XADD', KEYS[2], 'MAXLEN', '~', 10000, '*', 'type', 'state', 'agent_id', ARGV[1],
   'time', jint(now), 'detail', (current == '' and 'new' or current) .. ' -> ' .. ARGV[3])
-redis.call('PUBLISH', ARGV[4] .. 'wake', 'agent ' .. ARGV[1])
+wake_agent(ARGV[4], ARGV[1])
 return 1

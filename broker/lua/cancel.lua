@@ -1,8 +1,9 @@
 -- cancel: end a task that has not finished, wherever it is.
 -- KEYS[1] queue zset   KEYS[2] delayed zset   KEYS[3] task hash   KEYS[4] capability event feed
 -- KEYS[5] the inbox of the agent the caller saw holding the task ('' key name for none)
--- ARGV[1] local id   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] result ttl ms
--- ARGV[5] the agent the caller saw holding the task ('' for none)
+-- ARGV[1] local id   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] result ttl ms
+-- ARGV[5] the agent the caller saw holding the task ('' for none)   ARGV[6] that agent's control
+-- channel
 -- A queued or delayed task is removed from its set. A dispatched one that its agent has not
 -- read yet is removed from the inbox, so it never starts (agents start what they read at once);
 -- a dispatched or running one is marked so its agent drops it (the agent is told on its control
@@ -24,7 +25,7 @@ redis.call('ZREM', KEYS[1], ARGV[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 if state == 'dispatched' and t.entry then
   -- Unread? Then take it out of the inbox. (Read ones stay: the agent finishes them off.)
-  if #redis.call('XPENDING', KEYS[5], 'agents', t.entry, t.entry, 1) == 0 then
+  if #redis.call('XPENDING', KEYS[5], AGENT_GROUP, t.entry, t.entry, 1) == 0 then
     redis.call('XDEL', KEYS[5], t.entry)
   end
 end
@@ -35,7 +36,7 @@ set(t, 'reason', 'canceled')
 event(c, t, 'canceled', t.agent_id, now, '{"previous_state":' .. jstr(state) .. '}')
 save(t)
 if (state == 'dispatched' or state == 'running') and agent ~= '' then
-  redis.call('PUBLISH', ARGV[3] .. 'ctl:' .. agent, 'cancel ' .. t.id)
+  redis.call('PUBLISH', ARGV[6], 'cancel ' .. t.id)
 end
 finish(c, t._key, t.d, ended_outcome('canceled', 'canceled', nil))
 flush_feed(c)

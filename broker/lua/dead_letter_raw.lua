@@ -5,8 +5,7 @@
 -- ARGV[1] consumer group   ARGV[2] entry id   ARGV[3] reason   ARGV[4] error   ARGV[5] raw fields JSON
 -- ARGV[6] capability
 -- Returns 1.
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('XADD', KEYS[2], '*', 'task_id', '', 'reason', ARGV[3], 'error', ARGV[4],
   'attempts', '0', 'last_agent_id', '', 'dead_at', string.format('%d', now),
   'record', '{"cap":' .. cjson.encode(ARGV[6]) .. '}', 'history', '[]', 'raw', ARGV[5],

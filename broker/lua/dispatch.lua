@@ -2,9 +2,9 @@
 -- One call serves one routing round's choices for one or more agents.
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] dead-letter stream
 -- KEYS[4] agent tokens hash   KEYS[5] capability stats hash (counts what was dispatched)
--- KEYS[6] sessions hash   KEYS[7] inboxes set (unused since inboxes exist from registration on)
--- then KEYS[8..7+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
--- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
+-- KEYS[6] sessions hash
+-- then KEYS[7..6+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
+-- ARGV[1] feed maxlen   ARGV[2] task channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
 -- ARGV[5] how many of the ready tasks left in the queue afterwards to return (0: none): the
 -- caller's next round starts from them instead of reading the queue again
 -- then for agent j, 3 values: agent id, most unread entries its inbox may hold, its task count
@@ -14,7 +14,7 @@
 -- deadline fails with reason `expired` instead of being delivered. Tasks left when an inbox is
 -- full stay in the queue for another agent. An agent that deregistered (no token) or is
 -- draining gets nothing, whatever the caller's view of the registry says. Each inbox entry
--- carries what the agent needs to start the task (see deliver in _lib.lua).
+-- carries what the agent needs to start the task (see deliver in _delivery.lua).
 -- Returns for each agent 6 values: inbox length, inbox pending (-1: not looked at, the inbox
 -- being far from its limit), dispatched, taken, expired, left;
 -- then the first ARGV[5] ready tasks as local id, score pairs.
@@ -27,12 +27,11 @@ local total = 0
 local task_i = 0  -- tasks handled so far (their keys follow the inboxes)
 
 for j = 0, agents - 1 do
-  local inbox = KEYS[8 + j]
+  local inbox = KEYS[7 + j]
   local agent, max_unread, count = ARGV[6 + 3 * j], tonumber(ARGV[7 + 3 * j]), tonumber(ARGV[8 + 3 * j])
   local first = task_i
   task_i = task_i + count
-  local tk = redis.call('HMGET', KEYS[4], agent, 'draining:' .. agent)
-  if not tk[1] or tk[2] then
+  if not takes_work(KEYS[4], agent) then
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = 0
     out[#out + 1] = 0; out[#out + 1] = 0; out[#out + 1] = count
   else
@@ -42,7 +41,7 @@ for j = 0, agents - 1 do
     if len + count > max_unread then len, pending = inbox_load(inbox) end
     local dispatched, taken, expired, left = 0, 0, 0, 0
     for i = first, first + count - 1 do
-      local task_key = KEYS[8 + agents + i]
+      local task_key = KEYS[7 + agents + i]
       local a = 6 + 3 * agents + 2 * i
       local local_id = ARGV[a]
       if pending >= 0 and len - pending >= max_unread then

@@ -5,10 +5,10 @@
 -- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
 -- KEYS[4] deadlines zset (when expire.lua looks at a task)
 -- then KEYS[5+i] the task hash of entry i (0-based)
--- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] capability
+-- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] capability
 -- ARGV[5] max queue depth   ARGV[6] priority 0-9 ('' keeps each task's own)
--- ARGV[7] '1' resets the attempt count, '0' keeps it
--- then for entry i, 4 values from ARGV[8+4i]: dead-letter entry id, task id, local id, the
+-- ARGV[7] '1' resets the attempt count, '0' keeps it   ARGV[8] wake channel
+-- then for entry i, 4 values from ARGV[9+4i]: dead-letter entry id, task id, local id, the
 --   entry's history as event JSON texts joined by newlines (used only to rebuild the task's
 --   events when its record has expired; the entry's own `record` field rebuilds the record)
 -- A task whose record exists and is not `failed` (it was replayed or resubmitted meanwhile) is
@@ -44,7 +44,7 @@ local function record_fields(record_json, task_id)
   return flat
 end
 
--- Write the record back from the entry's copy, and its events (compact, see _lib.lua) from the
+-- Write the record back from the entry's copy, and its events (compact, see _events.lua) from the
 -- entry's history.
 local function rebuild(task_key, flat, history)
   if #flat > 0 then redis.call('HSET', task_key, unpack(flat)) end
@@ -72,7 +72,7 @@ end
 
 for i = 0, n - 1 do
   local task_key = KEYS[5 + i]
-  local a = 8 + 4 * i
+  local a = 9 + 4 * i
   local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local found = redis.call('XRANGE', dlq, entry_id, entry_id)
   local status, detail = nil, ''
@@ -100,7 +100,7 @@ for i = 0, n - 1 do
         rebuild(task_key, record_fields(e['record'], task_id), history)
       end
       redis.call('PERSIST', task_key)
-      redis.call('DEL', done_key(task_key))
+      redis.call('DEL', task_key .. DONE_SUFFIX)
       local t = load_task(task_key, {'priority', 'deadline_at', 'created_at', 'replayed_at',
         'session_id', 'region', 'routing', 'last_agent_id'})
       local priority = tonumber(ARGV[6]) or tonumber(t.priority) or 5
@@ -149,7 +149,5 @@ for i = 0, n - 1 do
   out[#out + 1] = detail
 end
 flush_feed(c)
-if replayed > 0 then
-  redis.call('PUBLISH', ARGV[3] .. 'wake', 'task ' .. ARGV[4])
-end
+if replayed > 0 then wake_task(ARGV[8], ARGV[4]) end
 return out

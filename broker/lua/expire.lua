@@ -3,9 +3,10 @@
 -- KEYS[1] deadlines zset (local id -> when to look at it, ms)   KEYS[2] queue zset
 -- KEYS[3] delayed zset   KEYS[4] dead-letter stream   KEYS[5] capability event feed
 -- then KEYS[6+i] the task hash of task i
--- ARGV[1] feed maxlen   ARGV[2] channel prefix   ARGV[3] result ttl ms
+-- ARGV[1] feed maxlen   ARGV[2] task channel prefix   ARGV[3] result ttl ms
 -- ARGV[4] no_agent_timeout ms (0: off)   ARGV[5] the capability's inbox key prefix (an inbox
--- is that plus the agent id, in this capability's slot)   then ARGV[6+i] the local id of task i
+-- is that plus the agent id, in this capability's slot)   ARGV[6] the control channel prefix
+-- (an agent's is that plus its id)   then ARGV[7+i] the local id of task i
 -- A running task's agent is told to stop (control channel) and the fence moves, so its late
 -- result is refused. A dispatched task's entry is taken out of its inbox while unread (agents
 -- start what they read at once, before the start is recorded: it must not start at all); one
@@ -24,19 +25,19 @@ local function recall(t)
   if t.state == 'dispatched' and t.entry then
     local inbox = ARGV[5] .. t.agent_id
     -- (pcall: the inbox of an agent that deregistered is gone, with its group)
-    local read = redis.pcall('XPENDING', inbox, 'agents', t.entry, t.entry, 1)
+    local read = redis.pcall('XPENDING', inbox, AGENT_GROUP, t.entry, t.entry, 1)
     if type(read) == 'table' and not read.err and #read == 0 then
       redis.call('XDEL', inbox, t.entry)
       return
     end
   end
-  redis.call('PUBLISH', ARGV[2] .. 'ctl:' .. t.agent_id, 'cancel ' .. t.id)
+  redis.call('PUBLISH', ARGV[6] .. t.agent_id, 'cancel ' .. t.id)
 end
 
 local now = now_ms()
 local expired, no_agent, later = 0, 0, 0
 for i = 0, n - 1 do
-  local local_id = ARGV[6 + i]
+  local local_id = ARGV[7 + i]
   local t = load_task(KEYS[6 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at',
                                     'fence', 'entry'})
   local state = t.state

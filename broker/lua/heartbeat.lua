@@ -2,7 +2,7 @@
 -- KEYS[1] agents zset   KEYS[2] the agent's hash   KEYS[3] registry event stream
 -- KEYS[4] changes zset (agent -> revision)   KEYS[5] revision counter
 -- ARGV[1] agent id   ARGV[2] token   ARGV[3] stats JSON   ARGV[4] mode ('' keeps it, else
--- 'active' or 'draining')   ARGV[5] channel prefix   ARGV[6] '1' when the numbers moved enough
+-- 'active' or 'draining')   ARGV[5] wake channel   ARGV[6] '1' when the numbers moved enough
 -- for routing to care (then the record's revision moves and dispatchers re-read it)
 -- The time of the beat is the Redis server's, so a skewed agent clock changes nothing. Readers
 -- find changed records through the changes zset instead of re-reading every agent.
@@ -26,7 +26,7 @@ if ARGV[4] ~= '' and ARGV[4] ~= f[2] then
   redis.call('HSET', KEYS[2], 'mode', ARGV[4])
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'mode', 'agent_id', agent,
     'time', jint(now), 'detail', ARGV[4])
-  redis.call('PUBLISH', ARGV[5] .. 'wake', 'agent ' .. agent)
+  wake_agent(ARGV[5], agent)
 end
 if changed then redis.call('ZADD', KEYS[4], redis.call('INCR', KEYS[5]), agent) end
 return {'ok', now}

@@ -1,7 +1,7 @@
 -- progress: the running attempt of a task reports progress.
 -- KEYS[1] task hash   KEYS[2] capability event feed   KEYS[3] agent tokens hash
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] fencing token   ARGV[4] progress data (JSON)
--- ARGV[5] feed maxlen   ARGV[6] channel prefix
+-- ARGV[5] feed maxlen   ARGV[6] task channel prefix
 -- Returns 'ok', or why the report was refused: 'refused' (token), 'gone', 'canceled', 'stale'
 -- (a superseded attempt: its reports are dropped).
 local c = context(KEYS[2], ARGV[5], ARGV[6], 0)

@@ -1,8 +1,8 @@
 -- promote: move delayed tasks whose time has come back into the ready queue.
 -- KEYS[1] delayed zset   KEYS[2] queue zset   KEYS[3] capability event feed
 -- then KEYS[4+i] the task hash of task i
--- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] channel prefix   ARGV[4] capability
--- then ARGV[5+i] local id of task i
+-- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] capability
+-- ARGV[5] wake channel   then ARGV[6+i] local id of task i
 -- A task that is no longer due (or no longer delayed) is left alone.
 -- Returns the number of tasks promoted.
 local c = context(KEYS[3], ARGV[2], ARGV[3], 0)
@@ -11,7 +11,7 @@ local n = #KEYS - 3
 local now = now_ms()
 local promoted = 0
 for i = 0, n - 1 do
-  local local_id = ARGV[5 + i]
+  local local_id = ARGV[6 + i]
   local due = tonumber(redis.call('ZSCORE', KEYS[1], local_id))
   if due and due <= now then
     redis.call('ZREM', KEYS[1], local_id)
@@ -28,7 +28,5 @@ for i = 0, n - 1 do
   end
 end
 flush_feed(c)
-if promoted > 0 then
-  redis.call('PUBLISH', ARGV[3] .. 'wake', 'task ' .. ARGV[4])
-end
+if promoted > 0 then wake_task(ARGV[5], ARGV[4]) end
 return promoted

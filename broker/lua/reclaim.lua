@@ -5,8 +5,9 @@
 -- KEYS[4] capability event feed   KEYS[5] agent health hash (a lapsed lease is a failure of
 -- the agent, for its circuit breaker)   then KEYS[6+i] the task hash of task i
 -- ARGV[1] the inbox's agent id   ARGV[2] the dispatcher's consumer name   ARGV[3] aging ms
--- ARGV[4] feed maxlen   ARGV[5] channel prefix   ARGV[6] result ttl ms   ARGV[7] capability
--- ARGV[8] reason   then for task i: ARGV[9+2i] inbox entry id, ARGV[10+2i] its fencing token
+-- ARGV[4] feed maxlen   ARGV[5] task channel prefix   ARGV[6] result ttl ms   ARGV[7] capability
+-- ARGV[8] reason   ARGV[9] wake channel
+-- then for task i: ARGV[10+2i] inbox entry id, ARGV[11+2i] its fencing token
 -- An entry the agent renewed since (claimed back: its owner is the agent again) is left alone.
 -- The fence moves, so anything the old attempt reports later is refused. A task that already
 -- used all its attempts fails with retries_exhausted.
@@ -17,12 +18,12 @@ local n = #KEYS - 5
 local now = now_ms()
 local requeued, failed, skipped = 0, 0, 0
 for i = 0, n - 1 do
-  local entry, fence = ARGV[9 + 2 * i], ARGV[10 + 2 * i]
-  local pending = redis.call('XPENDING', inbox, 'agents', entry, entry, 1)
+  local entry, fence = ARGV[10 + 2 * i], ARGV[11 + 2 * i]
+  local pending = redis.call('XPENDING', inbox, AGENT_GROUP, entry, entry, 1)
   if #pending == 0 or pending[1][2] ~= me then
     skipped = skipped + 1
   else
-    redis.call('XACK', inbox, 'agents', entry)
+    redis.call('XACK', inbox, AGENT_GROUP, entry)
     redis.call('XDEL', inbox, entry)
     local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
     if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
@@ -61,5 +62,5 @@ for i = 0, n - 1 do
   end
 end
 flush_feed(c)
-if requeued > 0 then redis.call('PUBLISH', ARGV[5] .. 'wake', 'task ' .. ARGV[7]) end
+if requeued > 0 then wake_task(ARGV[9], ARGV[7]) end
 return {requeued, failed, skipped}

@@ -2,7 +2,7 @@
 -- KEYS[1] agents zset (id -> last heartbeat ms)   KEYS[2] the agent's hash
 -- KEYS[3] registry event stream   KEYS[4] capabilities set   KEYS[5] changes zset   KEYS[6] rev counter
 -- ARGV[1] agent id   ARGV[2] sha1 of the new token   ARGV[3] descriptor JSON   ARGV[4] warmup ms
--- ARGV[5] channel prefix   then ARGV[6..] the agent's capabilities
+-- ARGV[5] wake channel   then ARGV[6..] the agent's capabilities
 -- Re-registering replaces the token, so reports from an older incarnation of the same agent id
 -- are refused from now on. Returns the server time of registration (ms).
 local now = now_ms()
@@ -16,5 +16,5 @@ redis.call('ZADD', KEYS[5], redis.call('INCR', KEYS[6]), agent)
 for i = 6, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'registered', 'agent_id', agent,
   'time', jint(now), 'detail', existed == 1 and 're-registered' or '')
-redis.call('PUBLISH', ARGV[5] .. 'wake', 'agent ' .. agent)
+wake_agent(ARGV[5], agent)
 return now

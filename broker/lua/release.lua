@@ -3,9 +3,9 @@
 -- (they are running, or their lease will lapse and reclaim.lua hands them on).
 -- KEYS[1] the agent's inbox   KEYS[2] queue zset   KEYS[3] capability event feed
 -- then KEYS[4+i] the task hash of task i
--- ARGV[1] agent id   ARGV[2] aging ms   ARGV[3] feed maxlen   ARGV[4] channel prefix
--- ARGV[5] capability   ARGV[6] reason (e.g. "agent offline")
--- then for task i: ARGV[7+2i] inbox entry id, ARGV[8+2i] fencing token of that entry
+-- ARGV[1] agent id   ARGV[2] aging ms   ARGV[3] feed maxlen   ARGV[4] task channel prefix
+-- ARGV[5] capability   ARGV[6] reason (e.g. "agent offline")   ARGV[7] wake channel
+-- then for task i: ARGV[8+2i] inbox entry id, ARGV[9+2i] fencing token of that entry
 -- Returns the number of tasks put back.
 local c = context(KEYS[3], ARGV[3], ARGV[4], 0)
 local inbox, agent, aging = KEYS[1], ARGV[1], tonumber(ARGV[2])
@@ -13,9 +13,9 @@ local n = #KEYS - 3
 local now = now_ms()
 local released = 0
 for i = 0, n - 1 do
-  local entry, fence = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
+  local entry, fence = ARGV[8 + 2 * i], ARGV[9 + 2 * i]
   -- Read by the agent in the meantime? Then it is not ours to move.
-  local pending = redis.call('XPENDING', inbox, 'agents', entry, entry, 1)
+  local pending = redis.call('XPENDING', inbox, AGENT_GROUP, entry, entry, 1)
   if #pending == 0 and #redis.call('XRANGE', inbox, entry, entry) == 1 then
     redis.call('XDEL', inbox, entry)
     local t = load_task(KEYS[4 + i], {'state', 'fence', 'agent_id', 'priority', 'session_id', 'region',
@@ -35,5 +35,5 @@ for i = 0, n - 1 do
   end
 end
 flush_feed(c)
-if released > 0 then redis.call('PUBLISH', ARGV[4] .. 'wake', 'task ' .. ARGV[5]) end
+if released > 0 then wake_task(ARGV[7], ARGV[5]) end
 return released

@@ -7,8 +7,8 @@
 -- own entry with min-idle 0 (XCLAIM ... JUSTID) resets it without counting a delivery. A task
 -- whose attempt was superseded (reclaimed, canceled, gone) is not renewed, and the worker is told
 -- to stop it.
--- Returns {'REFUSED'} for a bad token, else a status per task: 'ok', 'stale', 'canceled', 'gone'.
-if not token_ok(KEYS[2], ARGV[1], ARGV[2], nil, 'renew') then return {'REFUSED'} end
+-- Returns {'refused'} for a bad token, else a status per task: 'ok', 'stale', 'canceled', 'gone'.
+if not token_ok(KEYS[2], ARGV[1], ARGV[2], nil, 'renew') then return {'refused'} end
 local inbox, agent = KEYS[1], ARGV[1]
 local out = {}
 for i = 0, #KEYS - 3 do
@@ -22,7 +22,7 @@ for i = 0, #KEYS - 3 do
     -- ('dispatched': the agent started it and the record of the start is on its way)
     out[#out + 1] = 'stale'
   else
-    local claimed = redis.call('XCLAIM', inbox, 'agents', agent, 0, entry, 'JUSTID')
+    local claimed = redis.call('XCLAIM', inbox, AGENT_GROUP, agent, 0, entry, 'JUSTID')
     if #claimed == 1 then out[#out + 1] = 'ok' else out[#out + 1] = 'stale' end
   end
 end

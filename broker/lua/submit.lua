@@ -1,100 +1,50 @@
--- submit: create one or more tasks and make them ready, atomically.
+-- submit: create one or more tasks and make them ready, atomically: each is queued, or handed
+-- straight to an agent by a grant while nothing waits in the queue (see _handoff.lua).
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] intake stream
 -- KEYS[4] deadlines zset (when to look at a task with a deadline or a no-agent timeout)
 -- KEYS[5] grants list   KEYS[6] agent tokens hash   KEYS[7] capability stats hash
 -- KEYS[8] granted hash (the standing grant set by agent, and '#': how many were written)
 -- then for task i (0-based): KEYS[9+2i] task hash, KEYS[10+2i] idempotency key
 -- ARGV[1] max queue depth     ARGV[2] aging ms                 ARGV[3] idempotency ttl ms
--- ARGV[4] feed maxlen         ARGV[5] channel prefix ("<prefix>:")   ARGV[6] capability
--- ARGV[7] no-agent timeout ms (0: off)   ARGV[8] inbox key prefix ("<capability base>:inbox:")
+-- ARGV[4] feed maxlen         ARGV[5] task channel prefix      ARGV[6] capability
+-- ARGV[7] no-agent timeout ms (0: off)   ARGV[8] inbox key prefix (an inbox is that plus the
+-- agent id a grant names, in this capability's slot)
 -- ARGV[9] the highest priority a grant for low-priority tasks only may take (cold_start_max_priority)
--- then for task i: 15 fields from ARGV[10+15i]: task id, local id, payload, priority, session id,
+-- ARGV[10] wake channel
+-- then for task i: 15 fields from ARGV[11+15i]: task id, local id, payload, priority, session id,
 --   region, idempotency key, timeout ms, deadline ms (0: none), trace id, metadata JSON,
 --   max attempts, routing JSON, intake entry id (entries taken from the intake stream are
 --   acknowledged and deleted in the same step, so a crash never creates a task twice), and
 --   '1' when the producer will wait for the result (then the outcome is pushed to its done list)
---
--- Direct hand-off ("sync match", as Temporal's matching service calls it): while nothing waits
--- in the ready queue, a task without routing constraints goes straight to an agent's inbox,
--- taking the next grant a dispatcher left in the grants list. A grant is `agent|most unread
--- entries|round|score|low`: the dispatcher orders grants by weighted random choice over the
--- agents' scores and gives an agent no more than its room, so this is the dispatcher's own
--- decision, taken ahead of time. `low` is '1' for a grant of a cold agent (recovered lately),
--- which only a low-priority task may take; a task of higher priority puts it back at the end.
--- The grant is checked here (token, not draining, inbox below its limit) and skipped when
--- stale; the list expires unless a dispatcher keeps refreshing it. The inbox's key is built
--- from data (the other derived name, with done_key): `ARGV[8] .. agent`, in this capability's
--- slot.
---
--- The dispatchers hear of the hand-offs (`took`, with the agents' inbox loads and the grants
--- left) only when the grants left fall to a power of two below half of those written ('#' of
--- the granted hash), or to none: a dispatcher acts once fewer than half of the grants it wrote
--- are left (it writes new ones, reading the granted agents' loads first), and a message per
--- hand-off woke every dispatcher for nothing. Above half, no dispatcher acts: the message is
--- not sent (completions give grants back as credits, see complete.lua, so the grants left
--- hover near the top). (The grants' format is unchanged: producers and dispatchers of the
--- release before still work together with these; a dispatcher of that release, which counts
--- every hand-off, then refreshes its grants on its tick instead.)
---
--- Returns {'FULL', depth} when the queue cannot take the batch, else for each task
+-- Returns {'full', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
 local c = context(KEYS[2], ARGV[4], ARGV[5], 0)
-local queue, grants, tokens = KEYS[1], KEYS[5], KEYS[6]
+local queue = KEYS[1]
 local max_depth = tonumber(ARGV[1])
 local aging = tonumber(ARGV[2])
 local idem_ttl = tonumber(ARGV[3])
 local n = (#KEYS - 8) / 2
 local nat = tonumber(ARGV[7])
-local inbox_prefix = ARGV[8]
-local low_max = tonumber(ARGV[9])
+local wake = ARGV[10]
+local g = {grants = KEYS[5], granted = KEYS[8], tokens = KEYS[6], inbox_prefix = ARGV[8],
+           low_max = tonumber(ARGV[9])}
 
 local depth = redis.call('ZCARD', queue)
 if depth + n > max_depth then
-  return {'FULL', depth}
+  return {'full', depth}
 end
 -- Tasks go straight to agents only while the queue is empty, so none passes a waiting one.
-local granted = depth == 0 and redis.call('LLEN', grants) or 0  -- the grants standing before
+local granted = depth == 0 and redis.call('LLEN', g.grants) or 0  -- the grants standing before
 local direct_ok = granted > 0
 
--- The agent of the next grant a task of this priority may use: {agent, inbox, round, score,
--- inbox length, inbox pending (-1: not looked at)} or nil.
 local loads = {}
-local function next_grant(priority)
-  for _ = 1, 4 do
-    local grant = redis.call('LPOP', grants)
-    if not grant then return nil end
-    local agent, most, round, score, low = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
-    if agent and low == '1' and priority > low_max then
-      -- For a low-priority task that comes later. (A list the LPOP emptied is gone, and its
-      -- expiry with it: the grant stands only as long as its set.)
-      if redis.call('RPUSH', grants, grant) == 1 then
-        local ttl = redis.call('PTTL', KEYS[8])
-        if ttl > 0 then redis.call('PEXPIRE', grants, ttl) else redis.call('DEL', grants) end
-      end
-    elseif agent then
-      local tk = redis.call('HMGET', tokens, agent, 'draining:' .. agent)
-      if tk[1] and not tk[2] then
-        -- (An agent with a token has its inbox and group, see dispatch.lua; how many entries
-        -- it has read matters only near the limit.)
-        local inbox = inbox_prefix .. agent
-        local len, pending = redis.call('XLEN', inbox), -1
-        if len + 1 > tonumber(most) then len, pending = inbox_load(inbox) end
-        if pending < 0 or len - pending < tonumber(most) then
-          return {agent, inbox, round, score, len, pending}
-        end
-      end
-    end
-  end
-  return nil
-end
-
 local now = now_ms()
 local now_s = jint(now)
 local out = {}
 local queued, direct = 0, 0
 for i = 0, n - 1 do
   local task_key, idem_key = KEYS[9 + 2 * i], KEYS[10 + 2 * i]
-  local a = 10 + 15 * i
+  local a = 11 + 15 * i
   local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
   local entry = ARGV[a + 13]
   local existing = false
@@ -128,10 +78,10 @@ for i = 0, n - 1 do
       '{"priority":' .. jint(priority) .. '}')
     local grant = nil
     if direct_ok and ARGV[a + 4] == '' and ARGV[a + 5] == '' and ARGV[a + 12] == '' then
-      grant = next_grant(priority)
+      grant = next_grant(g, priority)
     end
     if grant then
-      local why = grant[3] .. '|grant|' .. grant[4] .. '|'  -- (see routing.explanation)
+      local why = grant[3] .. '|grant|' .. grant[4] .. '|'  -- (see broker/protocol/grants.py)
       -- (the record as deliver() reads it: DELIVERY_FIELDS)
       local f = {'queued', '0', seq, '0', false, task_id, deadline_at, ARGV[a + 2], ARGV[a + 7],
                  ARGV[a + 9], ARGV[a + 4], ARGV[a + 10], ARGV[a + 11]}
@@ -157,32 +107,15 @@ for i = 0, n - 1 do
     out[#out + 1] = task_id
   end
   if entry ~= '' then
-    redis.call('XACK', KEYS[3], 'dispatch', entry)
+    redis.call('XACK', KEYS[3], DISPATCH_GROUP, entry)
     redis.call('XDEL', KEYS[3], entry)
   end
 end
 flush_feed(c)
-if queued > 0 then
-  redis.call('PUBLISH', ARGV[5] .. 'wake', 'task ' .. ARGV[6])
-end
+if queued > 0 then wake_task(wake, ARGV[6]) end
 if direct > 0 then
   redis.call('HINCRBY', KEYS[7], 'dispatched', direct)
   redis.call('HINCRBY', KEYS[7], 'direct', direct)
-  -- Tell when the grants left fell to a power of two or past one below half of those written
-  -- (or, written by a dispatcher that keeps no count, anywhere), or to none.
-  local left = redis.call('LLEN', grants)
-  local p = 1
-  while p * 2 < granted do p = p * 2 end  -- the largest power of two below the grants before
-  local tell = left == 0
-  if not tell and p >= left then
-    local written = tonumber(redis.call('HGET', KEYS[8], '#'))
-    tell = not written or left * 2 < written
-  end
-  if tell then
-    for agent, load in pairs(loads) do
-      redis.call('PUBLISH', ARGV[5] .. 'wake', 'took ' .. ARGV[6] .. ' ' .. agent .. ' ' .. load[1] ..
-        ' ' .. load[2] .. ' ' .. load[3] .. ' ' .. left)
-    end
-  end
+  tell_took(g, wake, ARGV[6], granted, loads)
 end
 return out

@@ -7,7 +7,7 @@
 -- 'd' or 'w'   ARGV[3] for 'events': return the events after this seq
 -- Returns {false} when the task does not exist, else for 'outcome' {state, result, reason,
 -- error} (result only once succeeded) and for 'events' {state, trace id, seq, task id, then
--- the events after ARGV[3] as seq, text pairs (compact, see _lib.lua), at most 1000}.
+-- the events after ARGV[3] as seq, text pairs (compact, see _events.lua), at most 1000}.
 local key, flag = KEYS[1], ARGV[2]
 local f = redis.call('HMGET', key, 'state', flag, 'trace_id', 'seq', 'id')
 local state = f[1]

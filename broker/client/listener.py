@@ -17,8 +17,8 @@ import contextlib
 import logging
 from typing import Any
 
-from broker import connection
-from broker.connection import TRANSIENT_ERRORS
+from broker.infra import connection
+from broker.infra.outages import TRANSIENT_ERRORS
 
 log = logging.getLogger("reach.listener")
 

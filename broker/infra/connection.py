@@ -1,20 +1,16 @@
-"""Redis connections: single node or Cluster, TLS and ACL from the URL.
+"""Redis connections: single node, Cluster or Sentinel, TLS and ACL from the URL.
 
 `redis://[user:password@]host:port/db`, `rediss://` for TLS (certificate options as query
 parameters, e.g. `?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`), `unix:///path.sock`,
-and `redis+cluster://` / `rediss+cluster://` (or REACH_CLUSTER=true) for Redis Cluster, where any
-node's address is enough. Connections are short on timeouts so that a missing Redis shows up as
-BrokerUnavailable quickly, and long-running processes reconnect with backoff (see `retrying`).
-
-On Cluster the client follows MOVED/ASK itself and, on a lost node, re-reads the slot map and
-retries a few times; what is left over (a failover that takes longer than that) surfaces as one
-of TRANSIENT_ERRORS, like a single Redis that went away. A cluster that cannot be reached at all
-(no seed node answers, slots not covered yet) is reported as a ConnectionError too, not as
-redis-py's generic RedisClusterException, so that it is retried the same way.
+`redis+cluster://` / `rediss+cluster://` (or REACH_CLUSTER=true) for Redis Cluster, where any
+node's address is enough, and `redis+sentinel://` for a master found through Sentinel.
+Connections are short on timeouts so that a missing Redis shows up as BrokerUnavailable
+quickly; how callers ride out an outage is broker/infra/outages.py, and Cluster's quirks are
+broker/infra/cluster.py.
 
 Pub/sub on Cluster: PUBLISH (also from inside a script) reaches every node, masters and
 replicas, so a subscriber may listen on any one node. `open_pubsub` picks one the client knows,
-and a subscriber whose node dies opens a new pubsub on another (see broker/listener.py).
+and a subscriber whose node dies opens a new pubsub on another (see broker/client/listener.py).
 """
 
 from __future__ import annotations
@@ -23,57 +19,34 @@ import asyncio
 import logging
 import os
 import random
-import time
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
 import redis.asyncio
-from redis.asyncio.cluster import ClusterPipeline as AsyncClusterPipeline
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
-from redis.backoff import ExponentialWithJitterBackoff
 from redis.cluster import RedisCluster
-from redis.maint_notifications import MaintNotificationsConfig
-from redis.retry import Retry
 from redis.sentinel import Sentinel
-from tenacity import (
-    AsyncRetrying,
-    Retrying,
-    retry_if_exception_type,
-    stop_after_delay,
-    wait_exponential,
-    wait_random,
-)
 
 from broker.errors import BrokerUnavailable, ConfigError
+from broker.infra.cluster import AsyncCluster, SyncCluster, cluster_options, unreachable
+from broker.infra.outages import TRANSIENT_ERRORS, unavailable
+from broker.settings import Settings, redact_url
 
 try:
     import hiredis
 except ImportError:  # (a dependency through redis[hiredis]; without it, redis-py's own packer)
     hiredis = None  # type: ignore[assignment]
-from broker.settings import Settings, redact_url
 
 log = logging.getLogger("reach.connection")
 
-SyncClient = redis.Redis | RedisCluster
-AsyncClient = redis.asyncio.Redis | AsyncRedisCluster
-
-# Errors that mean "Redis is not reachable right now" (as opposed to a bad command).
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterDownError,  # also MasterDownError
-    redis.exceptions.TryAgainError,
-    redis.exceptions.SlotNotCoveredError,  # a slot whose master died, before its failover
-    redis.exceptions.BusyLoadingError,
-    ConnectionError,
-)
-# (Not OSError: the builtin TimeoutError is one, and a wait that times out is not Redis's fault.)
-
-T = TypeVar("T")
+SyncRedis = redis.Redis | RedisCluster
+"""A synchronous client as connection.sync_client makes it."""
+AsyncRedis = redis.asyncio.Redis | AsyncRedisCluster
+"""An asyncio client as connection.async_client makes it."""
 
 _COMMON: dict[str, Any] = {
     "decode_responses": True,
@@ -130,8 +103,19 @@ def _standalone_options(url: str, asynchronous: bool) -> dict[str, Any]:
     # redis-py 8 enables its maintenance notifications (a Redis Enterprise feature) on "auto",
     # and while they are on, its pool hands out a pooled connection the server has closed
     # without replacing it, so the first exchange after a Redis restart fails.
-    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
+    maint = _maint_notifications_off()
+    if maint is not None:
+        options["maint_notifications_config"] = maint
     return options
+
+
+def _maint_notifications_off() -> Any:
+    """redis-py's maintenance notifications turned off (None before redis-py 7, which has none)."""
+    try:
+        from redis.maint_notifications import MaintNotificationsConfig
+    except ImportError:
+        return None
+    return MaintNotificationsConfig(enabled=False)
 
 
 def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any]:
@@ -206,107 +190,7 @@ def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout:
 
 
 
-def _cluster_options() -> dict[str, Any]:
-    return {
-        **_COMMON,
-        # redis-py's own retries of one command on a lost node (it re-reads the slot map in
-        # between); longer outages are ours to ride out (`retrying`, `with_reconnect`).
-        "retry": Retry(ExponentialWithJitterBackoff(base=0.05, cap=1.0), retries=10),
-    }
-
-
-def _unreachable(exc: redis.exceptions.RedisClusterException) -> bool:
-    """Whether redis-py's catch-all cluster error means "cannot reach the cluster right now"."""
-    if isinstance(exc, redis.exceptions.SlotNotCoveredError):
-        return True
-    text = str(exc)
-    return text.startswith(("Redis Cluster cannot be connected", "All slots are not covered"))
-
-
-
-
-_CONNECTION_CODE = (
-    os.path.join("redis", "asyncio", "connection.py"),
-    os.path.join("redis", "connection.py"),
-)
-_PARSER_CODE = os.path.join("redis", "_parsers", "")
-
-
-def _closed_under_us(exc: AttributeError) -> bool:
-    """An AttributeError raised inside redis-py's connection code: a topology refresh that failed
-    (cluster down, a node dead) closes every node's connections, also ones another coroutine or
-    thread is using at that moment, whose reader/writer then is None (redis-py 8.1, asyncio:
-    `'NoneType' object has no attribute 'writelines'` in Connection._send_packed_command)."""
-    tb = exc.__traceback__
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    if tb is None:
-        return False
-    filename = tb.tb_frame.f_code.co_filename
-    return filename.endswith(_CONNECTION_CODE) or _PARSER_CODE in filename
-
-
-def _as_connection_error(exc: AttributeError) -> redis.exceptions.ConnectionError:
-    return redis.exceptions.ConnectionError(f"connection closed while in use ({exc})")
-
-
-class _SyncCluster(RedisCluster):
-    """RedisCluster that reports an unreachable cluster (and a connection closed under a
-    command by a concurrent topology refresh) as a ConnectionError."""
-
-    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
-        except redis.exceptions.RedisClusterException as exc:
-            if _unreachable(exc):
-                raise redis.exceptions.ConnectionError(str(exc)) from exc
-            raise
-        except AttributeError as exc:
-            if _closed_under_us(exc):
-                raise _as_connection_error(exc) from exc
-            raise
-
-
-class _AsyncClusterPipeline(AsyncClusterPipeline):
-    async def execute(self, *args: Any, **kwargs: Any) -> list[Any]:
-        try:
-            return await super().execute(*args, **kwargs)
-        except AttributeError as exc:
-            if _closed_under_us(exc):
-                raise _as_connection_error(exc) from exc
-            raise
-
-
-class _AsyncCluster(AsyncRedisCluster):
-    """asyncio RedisCluster whose failures while the cluster is unreachable or reconfiguring are
-    all ConnectionErrors (so every reconnect loop retries them): redis-py's catch-all
-    RedisClusterException when no node answers, and the AttributeError of a connection closed
-    under a command by a concurrent topology refresh."""
-
-    async def initialize(self, *args: Any, **kwargs: Any) -> _AsyncCluster:
-        try:
-            await super().initialize(*args, **kwargs)
-        except redis.exceptions.RedisClusterException as exc:
-            if _unreachable(exc):
-                raise redis.exceptions.ConnectionError(str(exc)) from exc
-            raise
-        return self
-
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().execute_command(*args, **kwargs)
-        except AttributeError as exc:
-            if _closed_under_us(exc):
-                raise _as_connection_error(exc) from exc
-            raise
-
-    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> _AsyncClusterPipeline:
-        if shard_hint:
-            raise redis.exceptions.RedisClusterException("shard_hint is deprecated in cluster mode")
-        return _AsyncClusterPipeline(self, transaction)  # type: ignore[abstract]
-
-
-def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncClient:
+def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncRedis:
     """A client for short commands. On Cluster it connects at once (to learn the slot map):
     BrokerUnavailable if no node answers. With Sentinel it follows the current master."""
     url, cluster = resolve_url(settings)
@@ -314,9 +198,9 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
         return _sentinel_master(parse_sentinel_url(url), False, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         try:
-            return _SyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
+            return SyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON))
         except redis.exceptions.RedisClusterException as exc:
-            if _unreachable(exc):
+            if unreachable(exc):
                 raise unavailable(exc, settings) from exc
             raise
         except TRANSIENT_ERRORS as exc:
@@ -325,13 +209,13 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
                                 **_standalone_options(url, asynchronous=False))
 
 
-def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncClient:
+def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncRedis:
     """An asyncio client; on Cluster it learns the slot map at its first command."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
         return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
-        return _AsyncCluster.from_url(url, socket_timeout=socket_timeout, **_cluster_options())
+        return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON))
     return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout,
                                         **_standalone_options(url, asynchronous=True))
 
@@ -394,76 +278,6 @@ def pubsub_node_name(pubsub: Any) -> str | None:
     """The "host:port" a cluster pubsub is bound to (None without a cluster)."""
     node = getattr(pubsub, "node", None)
     return str(node.name) if node is not None else None
-
-
-WAIT_OUTAGE_S = 15.0
-"""How long a wait (result, events) rides out Redis being unreachable before it gives up."""
-
-
-class WaitOutage:
-    """Backoff for a wait while Redis is unreachable; BrokerUnavailable when it lasts too long."""
-
-    def __init__(self, settings: Settings, deadline: float | None) -> None:
-        self.settings = settings
-        self.deadline = deadline
-        self.since: float | None = None
-        self.pause = 0.05
-
-    def over(self) -> None:
-        self.since = None
-        self.pause = 0.05
-
-    def next_pause(self, exc: BaseException) -> float:
-        now = time.monotonic()
-        self.since = self.since or now
-        if now - self.since > WAIT_OUTAGE_S or (self.deadline is not None and now > self.deadline):
-            raise unavailable(exc, self.settings) from exc
-        pause, self.pause = self.pause, min(self.pause * 2, 1.0)
-        return pause
-
-
-def unavailable(exc: BaseException, settings: Settings) -> BrokerUnavailable:
-    return BrokerUnavailable(f"Redis at {settings.redacted_url()} is unavailable: {exc}")
-
-
-def retrying(settings: Settings, give_up_after_s: float = 5.0) -> Retrying:
-    """Retry a short operation on transient Redis errors with jittered exponential backoff."""
-    return Retrying(
-        retry=retry_if_exception_type(TRANSIENT_ERRORS),
-        wait=wait_exponential(multiplier=0.05, max=1.0) + wait_random(0, 0.05),
-        stop=stop_after_delay(give_up_after_s),
-        reraise=True,
-    )
-
-
-def async_retrying(give_up_after_s: float | None = None) -> AsyncRetrying:
-    """Like `retrying`, for long-running loops: by default it never gives up."""
-    stop = stop_after_delay(give_up_after_s) if give_up_after_s is not None else None
-    kwargs: dict[str, Any] = {"stop": stop} if stop else {}
-    return AsyncRetrying(
-        retry=retry_if_exception_type(TRANSIENT_ERRORS),
-        wait=wait_exponential(multiplier=0.1, max=5.0) + wait_random(0, 0.1),
-        reraise=True,
-        before_sleep=_log_retry,
-        **kwargs,
-    )
-
-
-def _log_retry(state: Any) -> None:
-    exc = state.outcome.exception() if state.outcome else None
-    log.warning("Redis unavailable (%s); retrying in %.1fs", exc, state.next_action.sleep)
-
-
-async def with_reconnect(op: Callable[[], Awaitable[T]]) -> T:
-    """Run `op` until it succeeds, backing off while Redis is away."""
-    try:  # the common case, without building a retry state machine for every call
-        return await op()
-    except TRANSIENT_ERRORS as exc:
-        log.warning("Redis unavailable (%s); retrying", exc)
-    async for attempt in async_retrying():
-        with attempt:
-            return await op()
-    raise AssertionError("unreachable")
 
 
 def warn_if_evicting(client: Any) -> str | None:

@@ -14,32 +14,30 @@ TimeoutError and leaves the task running.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack
 
-from broker import connection, protocol
+from broker.client.common import CANCEL_FOLLOWS, batches, requests_for, task_keys
+from broker.client.events import TERMINAL_STATES, event_ends_story
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
+from broker.infra import connection, outages
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
-from broker.results import (
-    TERMINAL_STATES,
-    done_outcome,
-    event_ends_story,
-    outcome,
-    parse_watched_events,
-)
+from broker.protocol import lifecycle
+from broker.protocol.calls import Status
+from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
 from broker.scripts import Scripts
 from broker.settings import Settings
 
 # Longest single blocking call; a wait longer than this is several such calls (the socket must
 # not time out under a blocked command). Not polling: each call blocks until woken.
 _BLOCK_CHUNK_S = 5.0
-SUBMIT_BATCH = 200
 # A task this client submitted with `submit()` has its outcome pushed to its done list, which
-# lives a minute after the end (_lib.lua DONE_TTL_MS). Within this many seconds of the submit the
+# lives a minute after the end (lua/_base.lua DONE_TTL_MS). Within this many seconds of the submit the
 # list cannot have expired yet, so `result()` blocks on it straight away.
 _FRESH_S = 30.0
 
@@ -107,84 +105,51 @@ class ReachClient:
 
     # -- submitting -------------------------------------------------------------------------
 
-    def submit(
-        self,
-        capability: str,
-        payload: Any,
-        *,
-        priority: int = 5,
-        session_id: str | None = None,
-        region: str | None = None,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        deadline_s: float | None = None,
-        trace_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        max_attempts: int | None = None,
-        region_strict: bool = True,
-        version: str | None = None,
-    ) -> TaskHandle:
+    def submit(self, capability: str, payload: Any, options: SubmitOptions | None = None,
+               **fields: Unpack[SubmitFields]) -> TaskHandle:
         """Queue a task for whichever agent serves `capability`.
 
-        priority 0-9 (higher first; a waiting task gains a level per aging_ms); session_id keeps
-        a conversation on one agent while it is healthy; region limits the task to agents of
-        that region (region_strict=False: prefer them, else anyone); version is a constraint on
-        the agent's version ('2.3' = at least 2.3, or '>=2.3,<3'); idempotency_key returns the
-        first task for a repeated key; timeout_s bounds each attempt, deadline_s the whole task;
-        max_attempts overrides the capability's default.
+        The options (SubmitOptions, or the same as keywords: priority, session_id, region,
+        region_strict, version, idempotency_key, timeout_s, deadline_s, max_attempts, trace_id,
+        metadata) say how it is to be run; BadInput before anything is written.
         """
-        request = protocol.build_submit_request(
-            self.settings, capability, payload, priority=priority, session_id=session_id,
-            region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
-            region_strict=region_strict, version=version, wait=True,
-        )
         # (A task submitted alone is usually waited for: its outcome is pushed to its done list,
         # so that result() blocks at once; submit_many leaves that to result().)
+        (request,) = requests_for(self.settings, capability, [payload], options, fields, wait=True)
         return self._write([request])[0]
 
-    def submit_many(
-        self, capability: str, payloads: Iterable[Any], **options: Any
-    ) -> list[TaskHandle]:
+    def submit_many(self, capability: str, payloads: Iterable[Any],
+                    options: SubmitOptions | None = None,
+                    **fields: Unpack[SubmitFields]) -> list[TaskHandle]:
         """Submit many payloads with the same options, in batched script calls.
 
         Every payload is validated before anything is written. If the queue fills up part-way,
         QueueFull is raised and its `.submitted` holds the handles of the tasks already queued.
         """
-        requests = [
-            protocol.build_submit_request(self.settings, capability, p, **options) for p in payloads
-        ]
-        if not requests:
-            return []
-        return self._write(requests)
+        requests = requests_for(self.settings, capability, payloads, options, fields)
+        return self._write(requests) if requests else []
 
-    def run(self, capability: str, payload: Any, *, timeout: float | None = None, **options: Any) -> Any:
+    def run(self, capability: str, payload: Any, options: SubmitOptions | None = None, *,
+            timeout: float | None = None, **fields: Unpack[SubmitFields]) -> Any:
         """Submit and wait for the result (TimeoutError leaves the task running)."""
-        return self.submit(capability, payload, **options).result(timeout=timeout)
+        return self.submit(capability, payload, options, **fields).result(timeout=timeout)
 
-    def _write(self, requests: Sequence[protocol.SubmitRequest]) -> list[TaskHandle]:
+    def _write(self, requests: Sequence[SubmitRequest]) -> list[TaskHandle]:
         capability = requests[0].capability
         handles: list[TaskHandle] = []
         with self._errors():
             self._remember_capability(capability)
-            for start in range(0, len(requests), SUBMIT_BATCH):
-                call = protocol.submit_call(self.settings, requests[start : start + SUBMIT_BATCH])
-                # Retrying is safe: the script refuses to create a task id twice. (The first try
-                # goes without the retry machinery, which costs more than the call itself.)
+            for batch in batches(requests):
+                call = submit_call(self.settings, batch)
+                # Retrying is safe: the script refuses to create a task id twice.
+                reply = outages.write_with_retry(functools.partial(self._scripts, call))
                 try:
-                    reply = self._scripts(call)
-                except connection.TRANSIENT_ERRORS:
-                    for attempt in connection.retrying(self.settings):
-                        with attempt:
-                            reply = self._scripts(call)
-                try:
-                    rows = protocol.parse_submit(capability, self.settings.max_queue_depth, reply)
+                    rows = parse_submit(capability, self.settings.max_queue_depth, reply)
                 except QueueFull as exc:
-                    exc.submitted = handles  # type: ignore[attr-defined]
+                    exc.submitted = handles
                     raise
                 now = time.monotonic()
-                handles += [TaskHandle(self, task_id, created,
-                                       now if created and requests[0].wait else None)
+                handles += [TaskHandle(self, task_id, created, now if created and batch[0].wait else None)
                             for task_id, created in rows]
         return handles
 
@@ -218,15 +183,15 @@ class ReachClient:
         ck, local = self._keys(task_id)
         done_key = ck.task_done(local)
         deadline = None if timeout is None else time.monotonic() + timeout
-        outage = connection.WaitOutage(self.settings, deadline)
+        outage = outages.WaitOutage(self.settings, deadline)
         registered = _registered  # (then the first look is the done list itself)
         while True:
             try:
                 if not registered:
-                    reply = self._scripts(protocol.watch_call(self.settings, task_id, "outcome", "d"))
-                    if not reply[0]:
+                    reply = self._scripts(lifecycle.watch_call(self.settings, task_id, "outcome", "d"))
+                    if not lifecycle.task_exists(reply):
                         raise UnknownTask(task_id)
-                    done, value = outcome(task_id, reply)
+                    done, value = lifecycle.parse_outcome(task_id, reply)
                     if done:
                         return value
                 registered = False
@@ -238,10 +203,10 @@ class ReachClient:
                                                max(0.01, min(remaining, _BLOCK_CHUNK_S)))
                 outage.over()
                 if pushed is not None:
-                    done, value = done_outcome(task_id, pushed)
+                    done, value = lifecycle.parse_done(task_id, pushed)
                     if done:
                         return value
-            except connection.TRANSIENT_ERRORS as exc:
+            except outages.TRANSIENT_ERRORS as exc:
                 registered = False
                 time.sleep(outage.next_pause(exc))
 
@@ -252,7 +217,7 @@ class ReachClient:
         """
         self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        outage = connection.WaitOutage(self.settings, deadline)
+        outage = outages.WaitOutage(self.settings, deadline)
         pubsub: Any = None
         last = 0
         ended = False
@@ -264,10 +229,10 @@ class ReachClient:
                         pubsub = connection.open_pubsub(self._redis)
                         pubsub.subscribe(self._channels.task(task_id))
                     # The record is the truth; the channel only says when to look again.
-                    state, _, fresh = parse_watched_events(self._scripts(
-                        protocol.watch_call(self.settings, task_id, "events", "w", last)))
+                    state, _, fresh = lifecycle.parse_events(self._scripts(
+                        lifecycle.watch_call(self.settings, task_id, "events", "w", last)))
                     outage.over()
-                except connection.TRANSIENT_ERRORS as exc:
+                except outages.TRANSIENT_ERRORS as exc:
                     _close_quietly(pubsub)
                     pubsub = None
                     time.sleep(outage.next_pause(exc))
@@ -293,7 +258,7 @@ class ReachClient:
                     pubsub.get_message(timeout=min(remaining, _BLOCK_CHUNK_S))
                     while pubsub.get_message(timeout=0) is not None:
                         pass  # drain a burst: one read covers it
-                except connection.TRANSIENT_ERRORS:
+                except outages.TRANSIENT_ERRORS:
                     _close_quietly(pubsub)
                     pubsub = None  # reopened (maybe elsewhere) on the next turn
         finally:
@@ -307,20 +272,20 @@ class ReachClient:
         ck, local = self._keys(task_id)
         with self._errors():
             agent = self._redis.hget(ck.task(local), "agent_id") or ""
-            for _ in range(10):
-                reply = self._scripts(protocol.cancel_call(self.settings, task_id, agent))
-                if reply[0] != "moved":
+            for _ in range(CANCEL_FOLLOWS):
+                call = lifecycle.cancel_call(self.settings, task_id, agent)
+                reply = lifecycle.parse_cancel(self._scripts(call))
+                if reply.status is not Status.MOVED:
                     break
-                agent = reply[1]  # it moved to another agent meanwhile: follow it
-        if reply[0] == "gone":
+                agent = reply.detail  # it moved to another agent meanwhile: follow it
+        if reply.status is Status.GONE:
             raise UnknownTask(task_id)
-        return bool(reply[0] == "canceled")
+        return reply.status is Status.CANCELED
 
     # -- helpers ----------------------------------------------------------------------------
 
     def _keys(self, task_id: str) -> tuple[CapabilityKeys, str]:
-        capability, local = split_task_id(task_id)
-        return CapabilityKeys(self.settings.prefix, capability), local
+        return task_keys(self.settings, task_id)
 
     def queue_depth(self, capability: str) -> int:
         check_capability(capability)
@@ -331,5 +296,5 @@ class ReachClient:
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except connection.TRANSIENT_ERRORS as exc:
-            raise connection.unavailable(exc, self.settings) from exc
+        except outages.TRANSIENT_ERRORS as exc:
+            raise outages.unavailable(exc, self.settings) from exc

@@ -1,4 +1,5 @@
-"""`reach-worker`: serve one or more capabilities from this process."""
+"""`reach-worker`: serve one or more capabilities from this process (the worker itself is
+agent_worker.Worker)."""
 
 from __future__ import annotations
 
@@ -8,12 +9,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from agent_worker.worker import Worker
 
 from agent_worker.handlers import resolve_bindings
-from agent_worker.runtime import Worker
-from broker import eventloop
-from broker.cliutil import EXIT_USAGE, cli_errors, fail, run_app, setup_logging
+from broker.infra import eventloop
 from broker.settings import Settings
+from reach_cli.common import EXIT_USAGE, cli_errors, fail, run_app, setup_logging
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 

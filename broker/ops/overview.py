@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from broker.keys import CapabilityKeys, RegistryKeys
+from broker.keys import AGENT_GROUP, CapabilityKeys, RegistryKeys
 from broker.registry import AgentRecord, agent_state, clock_of
 from broker.settings import Settings
 
@@ -71,7 +71,7 @@ def _inbox_loads(client: Any, settings: Settings, pairs: list[Pair]) -> dict[Pai
     for capability, agent_id in pairs:
         ck = CapabilityKeys(settings.prefix, capability)
         pipe.xlen(ck.inbox(agent_id))
-        pipe.xpending(ck.inbox(agent_id), "agents")
+        pipe.xpending(ck.inbox(agent_id), AGENT_GROUP)
         pipe.hget(ck.tokens, f"refused:{agent_id}")
     replies = pipe.execute(raise_on_error=False)
     out = {}

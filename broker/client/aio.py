@@ -5,38 +5,36 @@
         async for event in handle.events():
             print(event.type)
 
-All waits of one client share one pub/sub connection (see broker/listener.py).
+All waits of one client share one pub/sub connection (see broker/client/listener.py).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Unpack
 
-from broker import connection, protocol
+from broker.client.common import CANCEL_FOLLOWS, batches, requests_for, task_keys
+from broker.client.events import TERMINAL_STATES, event_ends_story, message_is_terminal
+from broker.client.listener import TaskListener
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import split_task_id
+from broker.infra import connection, outages
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
-from broker.listener import TaskListener
 from broker.models import TaskEvent, TaskStatus
-from broker.results import (
-    TERMINAL_STATES,
-    event_ends_story,
-    message_is_terminal,
-    outcome,
-    parse_watched_events,
-)
+from broker.protocol import lifecycle
+from broker.protocol.calls import Status
+from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
 # With no message for this long a wait reads the record again: a safety net for a pub/sub
 # message lost to a reconnect, not a polling loop.
 _RECHECK_S = 5.0
-SUBMIT_BATCH = 200
 
 
 class AsyncTaskHandle:
@@ -86,61 +84,38 @@ class AsyncReachClient:
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
 
-    async def submit(
-        self,
-        capability: str,
-        payload: Any,
-        *,
-        priority: int = 5,
-        session_id: str | None = None,
-        region: str | None = None,
-        idempotency_key: str | None = None,
-        timeout_s: float | None = None,
-        deadline_s: float | None = None,
-        trace_id: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        max_attempts: int | None = None,
-        region_strict: bool = True,
-        version: str | None = None,
-    ) -> AsyncTaskHandle:
-        request = protocol.build_submit_request(
-            self.settings, capability, payload, priority=priority, session_id=session_id,
-            region=region, idempotency_key=idempotency_key, timeout_s=timeout_s,
-            deadline_s=deadline_s, trace_id=trace_id, metadata=metadata, max_attempts=max_attempts,
-            region_strict=region_strict, version=version,
-        )
+    async def submit(self, capability: str, payload: Any, options: SubmitOptions | None = None,
+                     **fields: Unpack[SubmitFields]) -> AsyncTaskHandle:
+        """Queue a task (see ReachClient.submit). Its waits follow the task's channel on the
+        client's one pub/sub connection, so the outcome is not pushed to a done list."""
+        (request,) = requests_for(self.settings, capability, [payload], options, fields)
         return (await self._write([request]))[0]
 
-    async def submit_many(
-        self, capability: str, payloads: Iterable[Any], **options: Any
-    ) -> list[AsyncTaskHandle]:
-        requests = [
-            protocol.build_submit_request(self.settings, capability, p, **options) for p in payloads
-        ]
+    async def submit_many(self, capability: str, payloads: Iterable[Any],
+                          options: SubmitOptions | None = None,
+                          **fields: Unpack[SubmitFields]) -> list[AsyncTaskHandle]:
+        requests = requests_for(self.settings, capability, payloads, options, fields)
         return await self._write(requests) if requests else []
 
-    async def run(
-        self, capability: str, payload: Any, *, timeout: float | None = None, **options: Any
-    ) -> Any:
-        handle = await self.submit(capability, payload, **options)
+    async def run(self, capability: str, payload: Any, options: SubmitOptions | None = None, *,
+                  timeout: float | None = None, **fields: Unpack[SubmitFields]) -> Any:
+        handle = await self.submit(capability, payload, options, **fields)
         return await handle.result(timeout=timeout)
 
-    async def _write(self, requests: Sequence[protocol.SubmitRequest]) -> list[AsyncTaskHandle]:
+    async def _write(self, requests: Sequence[SubmitRequest]) -> list[AsyncTaskHandle]:
         capability = requests[0].capability
         handles: list[AsyncTaskHandle] = []
         with self._errors():
             if capability not in self._known_capabilities:
                 await self._redis.sadd(RegistryKeys(self.settings.prefix).capabilities, capability)
                 self._known_capabilities.add(capability)
-            for start in range(0, len(requests), SUBMIT_BATCH):
-                call = protocol.submit_call(self.settings, requests[start : start + SUBMIT_BATCH])
-                async for attempt in connection.async_retrying(give_up_after_s=5.0):
-                    with attempt:
-                        reply = await self._scripts(call)
+            for batch in batches(requests):
+                call = submit_call(self.settings, batch)
+                reply = await outages.async_write_with_retry(functools.partial(self._scripts, call))
                 try:
-                    rows = protocol.parse_submit(capability, self.settings.max_queue_depth, reply)
+                    rows = parse_submit(capability, self.settings.max_queue_depth, reply)
                 except QueueFull as exc:
-                    exc.submitted = handles  # type: ignore[attr-defined]
+                    exc.submitted = handles
                     raise
                 handles += [AsyncTaskHandle(self, task_id, created) for task_id, created in rows]
         return handles
@@ -163,7 +138,7 @@ class AsyncReachClient:
     async def result(self, task_id: str, timeout: float | None = None) -> Any:
         self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        outage = connection.WaitOutage(self.settings, deadline)
+        outage = outages.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
         listener = self._get_listener()
         queue = await self._watch(listener, channel, outage)
@@ -171,14 +146,14 @@ class AsyncReachClient:
             while True:
                 try:
                     # (subscribed first: whatever ends the task after this call is published)
-                    reply = await self._scripts(protocol.watch_call(self.settings, task_id, "outcome", "w"))
+                    reply = await self._scripts(lifecycle.watch_call(self.settings, task_id, "outcome", "w"))
                     outage.over()
-                except connection.TRANSIENT_ERRORS as exc:
+                except outages.TRANSIENT_ERRORS as exc:
                     await asyncio.sleep(outage.next_pause(exc))
                     continue
-                if not reply[0]:
+                if not lifecycle.task_exists(reply):
                     raise UnknownTask(task_id)
-                done, value = outcome(task_id, reply)
+                done, value = lifecycle.parse_outcome(task_id, reply)
                 if done:
                     return value
                 await self._wait_for_terminal(queue, deadline, task_id, timeout)
@@ -186,13 +161,13 @@ class AsyncReachClient:
             await listener.unwatch(channel, queue)
 
     async def _watch(self, listener: TaskListener, channel: str,
-                     outage: connection.WaitOutage) -> asyncio.Queue[str | None]:
+                     outage: outages.WaitOutage) -> asyncio.Queue[str | None]:
         while True:
             try:
                 queue = await listener.watch(channel)
                 outage.over()
                 return queue
-            except connection.TRANSIENT_ERRORS as exc:
+            except outages.TRANSIENT_ERRORS as exc:
                 await asyncio.sleep(outage.next_pause(exc))
 
     async def _wait_for_terminal(
@@ -213,7 +188,7 @@ class AsyncReachClient:
     async def events(self, task_id: str, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
         self._keys(task_id)
         deadline = None if timeout is None else time.monotonic() + timeout
-        outage = connection.WaitOutage(self.settings, deadline)
+        outage = outages.WaitOutage(self.settings, deadline)
         channel = self._channels.task(task_id)
         listener = self._get_listener()
         last = 0
@@ -223,10 +198,10 @@ class AsyncReachClient:
         try:
             while True:
                 try:
-                    state, _, fresh = parse_watched_events(await self._scripts(
-                        protocol.watch_call(self.settings, task_id, "events", "w", last)))
+                    state, _, fresh = lifecycle.parse_events(await self._scripts(
+                        lifecycle.watch_call(self.settings, task_id, "events", "w", last)))
                     outage.over()
-                except connection.TRANSIENT_ERRORS as exc:
+                except outages.TRANSIENT_ERRORS as exc:
                     await asyncio.sleep(outage.next_pause(exc))
                     continue
                 if state is None:
@@ -256,14 +231,15 @@ class AsyncReachClient:
         ck, local = self._keys(task_id)
         with self._errors():
             agent = await self._redis.hget(ck.task(local), "agent_id") or ""
-            for _ in range(10):
-                reply = await self._scripts(protocol.cancel_call(self.settings, task_id, agent))
-                if reply[0] != "moved":
+            for _ in range(CANCEL_FOLLOWS):
+                reply = lifecycle.parse_cancel(
+                    await self._scripts(lifecycle.cancel_call(self.settings, task_id, agent)))
+                if reply.status is not Status.MOVED:
                     break
-                agent = reply[1]  # it moved to another agent meanwhile: follow it
-        if reply[0] == "gone":
+                agent = reply.detail  # it moved to another agent meanwhile: follow it
+        if reply.status is Status.GONE:
             raise UnknownTask(task_id)
-        return bool(reply[0] == "canceled")
+        return reply.status is Status.CANCELED
 
     def _get_listener(self) -> TaskListener:
         if self._listener is None:
@@ -271,12 +247,11 @@ class AsyncReachClient:
         return self._listener
 
     def _keys(self, task_id: str) -> tuple[CapabilityKeys, str]:
-        capability, local = split_task_id(task_id)
-        return CapabilityKeys(self.settings.prefix, capability), local
+        return task_keys(self.settings, task_id)
 
     @contextmanager
     def _errors(self) -> Iterator[None]:
         try:
             yield
-        except connection.TRANSIENT_ERRORS as exc:
-            raise connection.unavailable(exc, self.settings) from exc
+        except outages.TRANSIENT_ERRORS as exc:
+            raise outages.unavailable(exc, self.settings) from exc

@@ -16,19 +16,22 @@ from typing import Annotated
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from broker.cliutil import EXIT_RUNTIME, EXIT_USAGE, cli_errors, fail
+from broker.retention import trim_all
 from dlq_tools import render
 from dlq_tools.api import DeadLetters
 from dlq_tools.models import Filter, Outcome, Report
 from dlq_tools.parsing import REASONS, parse_time_ms
 from dlq_tools.replay import DEFAULT_BATCH, DEFAULT_MAX_QUEUED, DEFAULT_RATE, ReplayOptions
-from dlq_tools.retention import trim_all
 from reach_cli.common import (
+    EXIT_RUNTIME,
+    EXIT_USAGE,
     ConfigOption,
     JsonOption,
     RedisUrlOption,
+    cli_errors,
     console,
     err_console,
+    fail,
     load_settings,
     print_json,
 )
@@ -255,7 +258,7 @@ def trim(
     as_json: JsonOption = False, redis_url: RedisUrlOption = None, config: ConfigOption = None,
 ) -> None:
     """Apply the retention now (dlq_retention_ms; the dispatcher also does it periodically)."""
-    from dlq_tools.retention import trim as trim_one
+    from broker.retention import trim as trim_one
 
     with _open(config, redis_url) as dlq, dlq.conn.errors():
         settings, client = dlq.settings, dlq.conn.redis

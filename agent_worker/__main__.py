@@ -1,3 +1,0 @@
-from agent_worker.cli import main
-
-main()

@@ -1,0 +1,285 @@
+"""What a worker tells Redis about its tasks: their starts and outcomes, batched, with the read
+of the next inbox entries riding along; and their progress.
+
+Once per loop turn the flusher records the starts of the tasks still running (accept.lua: an
+agent starts a task as soon as it reads it and records the start a moment later) and stores
+finished attempts (complete.lua: outcome + ack + the next step), in one round trip. With one
+capability (and not on Cluster, whose pipelines refuse EVALSHA) the slots of ended tasks are
+kept for that report, which also reads the next entries of the inbox: a busy worker needs one
+round trip per batch, not two.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import redis
+
+from agent_worker.attempt import Attempt, Running
+from agent_worker.context import TaskContext
+from agent_worker.handlers import Binding
+from agent_worker.session import AgentSession
+from agent_worker.slots import Slots
+from agent_worker.stats import WorkerStats
+from broker import codec
+from broker.infra import outages
+from broker.keys import AGENT_GROUP, CapabilityKeys
+from broker.protocol.calls import Status
+from broker.protocol.delivery import accept_call, parse_accept_statuses
+from broker.protocol.reports import (
+    CompleteReply,
+    Completion,
+    complete_call,
+    parse_complete,
+    parse_progress,
+    progress_call,
+)
+from broker.scripts import AsyncScripts, Lane
+from broker.settings import Settings
+
+log = logging.getLogger("reach.worker")
+
+COMPLETE_BATCH = 200
+Entries = list[tuple[str, dict[str, str]]]
+ReadAlong = Callable[[Binding, Entries], Awaitable[None]]
+
+
+class Reporter:
+    def __init__(self, settings: Settings, session: AgentSession, scripts: AsyncScripts,
+                 bindings: dict[str, Binding], running: Running, slots: Slots, stats: WorkerStats,
+                 recover: set[str], *, piggyback: bool, read_along: ReadAlong) -> None:
+        self.settings = settings
+        self.session = session
+        self.scripts = scripts
+        self.bindings = bindings
+        self.running = running
+        self.slots = slots
+        self.stats = stats
+        self.recover = recover
+        """Capabilities whose inbox the readers look at first (shared with them)."""
+        self.piggyback = piggyback
+        self._read_along = read_along
+        """Starts what a report read (the inbox readers' begin)."""
+        self._completions: dict[str, list[Completion]] = {}
+        self._unrecorded: dict[str, list[Attempt]] = {}
+        self._freed = 0
+        """Slots of ended tasks kept for the next report's read (piggyback)."""
+        self._inbox_busy = True
+        """Whether the inbox held unread entries at the last report."""
+        self._reporting = False
+        self._flush = asyncio.Event()
+
+    @property
+    def pending(self) -> bool:
+        """Starts or outcomes not yet stored (a draining worker waits for them)."""
+        return bool(self._completions or self._unrecorded or self._reporting)
+
+    # -- what attempts tell (attempts.AttemptSink) ------------------------------------------
+
+    def started(self, attempt: Attempt) -> None:
+        self._unrecorded.setdefault(attempt.capability, []).append(attempt)
+        self._flush.set()
+
+    def ended(self, attempt: Attempt, completion: Completion) -> None:
+        self._completions.setdefault(attempt.capability, []).append(completion)
+        self._flush.set()
+
+    def slot_freed(self) -> None:
+        if self.piggyback:
+            self._freed += 1  # (the flusher reads the next task with this one's report)
+        else:
+            self.slots.release(1)
+
+    def flush_now(self) -> None:
+        self._flush.set()
+
+    # -- progress ---------------------------------------------------------------------------
+
+    async def progress(self, ctx: TaskContext, fraction: float | None, message: str | None,
+                       data: dict[str, Any]) -> bool:
+        """Record a progress event; False when the attempt is no longer current (stop then)."""
+        attempt = self.running.current(ctx)
+        if attempt is None:
+            return False
+        body: dict[str, Any] = dict(data)
+        if fraction is not None:
+            body["fraction"] = fraction
+        if message is not None:
+            body["message"] = message
+        try:
+            codec.check_json_value(body, "progress")
+        except codec.NotStrictJson as exc:
+            raise ValueError(str(exc)) from None
+        session = self.session
+        try:
+            status = parse_progress(await self.scripts(progress_call(
+                self.settings, ctx.capability, attempt.lease.local_id, session.agent_id,
+                session.token, attempt.lease.fence, body)))
+        except outages.TRANSIENT_ERRORS as exc:
+            log.warning("progress of %s not recorded: %s", ctx.task_id, exc)
+            return True
+        return status is Status.OK
+
+    # -- the flusher ------------------------------------------------------------------------
+
+    async def flusher(self) -> None:
+        lane = self.scripts.lane()
+        try:
+            await self._flush_reports(lane)
+        finally:
+            await lane.close()
+
+    async def _flush_reports(self, lane: Lane) -> None:
+        pause = 0.1
+        while True:
+            await self._flush.wait()
+            if self.running:
+                # One more turn of the loop: tasks started together tend to end together, and
+                # reporting them in one call costs Redis and this process much less than one
+                # each (and a task that ends within the turn needs no record of its start).
+                await asyncio.sleep(0)
+            self._flush.clear()
+            if not (self._completions or self._unrecorded):
+                continue
+            completions, self._completions = self._completions, {}
+            unrecorded, self._unrecorded = self._unrecorded, {}
+            read, self._freed = self._freed, 0
+            if self.slots.closed or not self._inbox_busy:
+                # Nothing new is read while draining; and nothing is asked for when the inbox
+                # was empty at the last report (the reader's blocking read catches what comes).
+                self.slots.release(read)
+                read = 0
+            self._reporting = True
+            handing, read = read, 0  # (the first report takes the slots: it releases them if it fails)
+            try:
+                read = await self._report_all(lane, completions, unrecorded, handing)
+                pause = 0.1
+            except redis.exceptions.RedisError as exc:
+                # Redis refused the report (out of memory, read-only, busy, a script error)
+                # beyond what with_reconnect rides out: keep the whole batch and send it again
+                # after a pause. Losing it would leave the results unstored and the tasks to
+                # run again when their leases lapse; a resent report is recognised ('dup').
+                log.warning("report not stored (%s); trying again in %.1fs", exc, pause)
+                self._keep(completions, unrecorded)
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 5.0)
+            finally:
+                self._reporting = False
+            self.slots.release(read)
+            if self._completions or self._unrecorded:
+                self._flush.set()  # (more came in while this report was on its way)
+
+    async def _report_all(self, lane: Lane, completions: dict[str, list[Completion]],
+                          unrecorded: dict[str, list[Attempt]], read: int) -> int:
+        """Report every capability's batch; returns the read slots not handed on yet."""
+        for capability in {*completions, *unrecorded}:
+            # Started and still running: record the start. (Those that ended are started by
+            # their completion.)
+            starts = [a for a in unrecorded.get(capability, ()) if self.running.is_current(a)]
+            done = completions.get(capability, [])
+            for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
+                pending_read, read = read, 0  # (_report releases it if it fails)
+                await self._report(lane, capability, starts[i:i + COMPLETE_BATCH],
+                                   done[i:i + COMPLETE_BATCH], pending_read)
+        return read
+
+    def _keep(self, completions: dict[str, list[Completion]], unrecorded: dict[str, list[Attempt]]) -> None:
+        for capability, done in completions.items():
+            self._completions[capability] = done + self._completions.get(capability, [])
+        for capability, starts in unrecorded.items():
+            self._unrecorded[capability] = starts + self._unrecorded.get(capability, [])
+
+    # -- one report -------------------------------------------------------------------------
+
+    async def _report(self, lane: Lane, capability: str, starts: list[Attempt],
+                      done: list[Completion], read: int = 0) -> None:
+        """Record starts and store completions, and read up to `read` new entries of the inbox
+        for the slots of the tasks that ended (those slots come in and are released unless a
+        started task holds them), all in one round trip. Retrying is safe: a start recorded
+        already is recognised ('ok'/'done'), so is a report applied already ('dup'), and the
+        entries a lost reply delivered are looked for again (recover)."""
+        session = self.session
+        token = session.token
+        calls = []
+        if starts:
+            calls.append(accept_call(self.settings, capability, session.agent_id, token,
+                                     [a.lease for a in starts], started=True))
+        if done:
+            calls.append(complete_call(self.settings, capability, session.agent_id, token, done))
+        inbox = CapabilityKeys(self.settings.prefix, capability).inbox(session.agent_id)
+        extra = [("XREADGROUP", "GROUP", AGENT_GROUP, session.agent_id, "COUNT", read, "STREAMS",
+                  inbox, ">")] if read else []
+        replies = await self._send(lane, capability, calls, extra, read)
+        if starts:
+            self._on_starts_recorded(capability, starts, replies[0], token)
+        entries: Entries = []
+        if read and isinstance(replies[-1], Exception):
+            # (e.g. NOGROUP: the inbox went; the reader makes it again and looks there first)
+            log.warning("reading inbox %s with a report failed (%s)", inbox, replies[-1])
+            self.recover.add(capability)
+        elif read and replies[-1]:
+            entries = replies[-1][0][1]
+        if done:
+            self.running.unreported.difference_update(c.entry_id for c in done)
+            complete = parse_complete(replies[len(calls) - 1])
+            self._on_completed(capability, done, complete, token)
+            # (Tasks pulled from the queue by this report mean more will come with the next.)
+            self._inbox_busy = (complete.pulled > 0
+                                or complete.inbox_len - complete.inbox_pending > len(entries))
+        if read:
+            self.slots.release(read - len(entries))
+            if entries:
+                await self._read_along(self.bindings[capability], entries)
+
+    async def _send(self, lane: Lane, capability: str, calls: list[Any], extra: list[Any],
+                    read: int) -> list[Any]:
+        tries = 0
+
+        async def op() -> list[Any]:
+            nonlocal tries
+            tries += 1
+            if tries > 1 and extra:
+                self.recover.add(capability)
+            return await lane.run_all(calls, extra)
+
+        try:
+            replies = await outages.with_reconnect(op)
+            refused = next((x for x in replies[:len(calls)] if isinstance(x, Exception)), None)
+            if refused is not None:
+                if extra:
+                    self.recover.add(capability)  # (its read may have delivered entries)
+                raise refused
+        except BaseException:
+            self.slots.release(read)
+            raise
+        return replies
+
+    def _on_starts_recorded(self, capability: str, starts: list[Attempt], reply: list[Any],
+                            token: str) -> None:
+        statuses = parse_accept_statuses(reply)
+        if statuses is None:
+            self.session.refused(token, f"starts of {capability} tasks")
+            return
+        for status, attempt in zip(statuses, starts, strict=True):
+            if status not in (Status.OK, Status.DONE) and self.running.is_current(attempt):
+                # Canceled, expired or handed on between its dispatch and its start.
+                log.warning("task %s: %s before it started here; stopping it", attempt.task_id, status)
+                attempt.cancel()
+
+    def _on_completed(self, capability: str, items: list[Completion], reply: CompleteReply,
+                      token: str) -> None:
+        if reply.refused:
+            self.session.refused(token, f"results for {capability}")  # (their leases hand them on)
+            return
+        for status, item in zip(reply.statuses, items, strict=True):
+            self.stats.done += 1
+            if status == Status.OK:
+                self.stats.succeeded += 1
+            elif status == Status.STALE:
+                self.stats.rejected += 1
+                log.warning("late result for %s:%s rejected (attempt superseded)", capability, item.local_id)
+            elif status == Status.FAILED:
+                self.stats.failed += 1

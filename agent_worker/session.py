@@ -1,0 +1,110 @@
+"""This process as the registry knows it: its agent id and token, registering (again when the
+registry refuses the token), binding its inboxes, and leaving for good after a drain.
+
+A token is refused when the record it belongs to was replaced (another process registered the
+same agent id) or pruned (the agent was offline too long, e.g. partitioned away): the worker
+registers again, once however many calls carried the refused token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from agent_worker.registration import HeartbeatThread, register, token_sha
+from broker.infra import outages
+from broker.infra.connection import AsyncRedis
+from broker.models import AgentDescriptor
+from broker.protocol.agents import bind_call, deregister_call, unbind_call
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
+
+log = logging.getLogger("reach.worker")
+
+
+class AgentSession:
+    def __init__(self, settings: Settings, descriptor: AgentDescriptor, redis: AsyncRedis,
+                 scripts: AsyncScripts, stats: Callable[[], dict[str, Any]]) -> None:
+        self.settings = settings
+        self.descriptor = descriptor
+        self.agent_id = descriptor.agent_id
+        self.redis = redis
+        self.scripts = scripts
+        self.token = ""
+        self.registered = asyncio.Event()
+        self.binding = asyncio.Lock()
+        """Held while registering, and while a reader binds its inbox again: a reader that
+        found its inbox gone (pruned) must not write the token it knew over the one a
+        registration going on at the same moment just wrote (its reports would be refused)."""
+        self.leaving = False
+        """Set once the agent deregisters: nothing registers it again."""
+        self._reregister = asyncio.Event()
+        self._reregister.set()
+        self._refused_token = ""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.heartbeat = HeartbeatThread(settings, self.agent_id, lambda: self.token, stats,
+                                         self._heartbeat_refused)
+
+    def past(self, deadline_at_ms: int) -> bool:
+        """Whether a deadline (Redis server clock) has passed, as far as this host can tell."""
+        if not deadline_at_ms:
+            return False
+        offset = self.heartbeat.clock_offset_ms
+        return offset is None or time.time() * 1000 + offset >= deadline_at_ms
+
+    async def registrar(self) -> None:
+        """Registers at start, and again whenever the registry refused our token."""
+        self._loop = asyncio.get_running_loop()
+        while True:
+            await self._reregister.wait()
+            self._reregister.clear()
+            if self.leaving:
+                return
+            if self.registered.is_set() and self._refused_token != self.token:
+                continue  # (refused more than once; registered again since the first)
+            async with self.binding:
+                self.token = await outages.with_reconnect(
+                    lambda: register(self.settings, self.redis, self.scripts, self.descriptor))
+            if not self.registered.is_set():
+                self.registered.set()
+                self.heartbeat.start()  # its first beat goes out at once
+                log.info("agent %s registered", self.agent_id)
+            else:
+                self.heartbeat.beat_now()
+
+    def refused(self, token: str, what: str) -> None:
+        """Redis refused `token` (for `what`): register again, once however many calls carried
+        it. A token replaced since the call went out says nothing about the new one, and
+        registering once more would only make the calls now in flight refused in turn."""
+        if token != self.token:
+            log.info("%s refused for a token replaced since", what or "heartbeat")
+            return
+        if self.leaving:
+            return  # (deregistered: refusals are expected now)
+        if what:
+            log.error("%s refused (token); registering again", what)
+        self._refused_token = token
+        self._reregister.set()
+
+    def _heartbeat_refused(self, token: str) -> None:  # (on the heartbeat's thread)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.refused, token, "")
+
+    async def rebind(self, capability: str) -> None:
+        """Make the capability's inbox again (it was deleted under us: pruned)."""
+        async with self.binding:
+            await self.scripts(bind_call(self.settings, capability, self.agent_id, token_sha(self.token)))
+
+    async def leave(self) -> None:
+        """Deregister for good and unbind every capability (its inbox goes once empty). A
+        refusal from now on (a beat on its way meets the record gone) registers nothing."""
+        self.leaving = True
+        self.heartbeat.stop()
+        with contextlib.suppress(*outages.TRANSIENT_ERRORS):
+            await self.scripts(deregister_call(self.settings, self.agent_id, self.token))
+            for capability in self.descriptor.capabilities:
+                await self.scripts(unbind_call(self.settings, capability, self.agent_id))

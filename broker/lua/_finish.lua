@@ -1,0 +1,61 @@
+-- How a task ends: its record kept for the result TTL, its waiters woken, and for a failure
+-- its dead letter. fail_task is the one place a task's dead letter is written
+-- (dead_letter_raw.lua parks entries that are no task at all).
+
+-- A task reached a terminal state (its changes saved): keep the record for the result TTL, and
+-- wake the waiters that registered by pushing the outcome (JSON) to its done list, which they
+-- block on with BLMOVE done done (that wakes every waiter and leaves the list as it was).
+local function finish(c, key, d, outcome)
+  redis.call('PEXPIRE', key, c.ttl)
+  if d == '1' then
+    local done = key .. DONE_SUFFIX
+    redis.call('DEL', done)
+    redis.call('RPUSH', done, outcome)
+    redis.call('PEXPIRE', done, math.min(c.ttl, DONE_TTL_MS))
+  end
+end
+
+local function succeeded_outcome(body)
+  if #body <= DONE_RESULT_MAX then return '{"state":"succeeded","result":' .. body .. '}' end
+  return '{"state":"succeeded"}'
+end
+
+local function ended_outcome(state, reason, err)
+  return '{"state":' .. jstr(state) .. ',"reason":' .. jstr(reason) .. ',"error":' .. jstr(err) .. '}'
+end
+
+-- Move a task to its terminal `failed` state and park it in the dead-letter stream with its
+-- whole record and history, so it can be inspected and replayed even after the record expires.
+local function fail_task(c, t, dlq_key, reason, err, agent, now)
+  set(t, 'state', 'failed')
+  set(t, 'reason', reason)
+  set(t, 'error', err or '')
+  set(t, 'finished_at', jint(now))
+  local data = '{"reason":' .. jstr(reason) .. ',"error":' .. jstr(err) .. '}'
+  if reason == 'expired' then event(c, t, 'expired', agent, now, data) end
+  event(c, t, 'failed', agent, now, data)
+  event(c, t, 'dead_lettered', agent, now, data)
+  save(t)
+  local flat = redis.call('HGETALL', t._key)
+  local record, events = {}, {}
+  for i = 1, #flat, 2 do
+    local name = flat[i]
+    if string.sub(name, 1, 2) == 'e:' then
+      events[tonumber(string.sub(name, 3))] = flat[i + 1]
+    else
+      record[name] = flat[i + 1]
+    end
+  end
+  local history = {}
+  for seq = 1, tonumber(record['seq']) or 0 do
+    if events[seq] then
+      history[#history + 1] = event_json(seq, events[seq], record['id'], record['trace_id'])
+    end
+  end
+  redis.call('XADD', dlq_key, '*',
+    'task_id', record['id'] or '', 'reason', reason, 'error', err or '',
+    'attempts', record['attempt'] or '0', 'last_agent_id', agent or record['agent_id'] or '',
+    'dead_at', jint(now), 'record', cjson.encode(record),
+    'history', '[' .. table.concat(history, ',') .. ']')
+  finish(c, t._key, t.d, ended_outcome('failed', reason, err))
+end

@@ -1,0 +1,1 @@
+"""What operators read: the fleet's agents and the capabilities' queues, read-only."""

@@ -1,0 +1,239 @@
+"""Inbox entries, and the scripts that put tasks in inboxes or take them out.
+
+An inbox entry (written by deliver in lua/_delivery.lua) carries the task's local id (`id`) and
+the attempt's fencing token (`fence`) and, so that the agent can start the task the moment it
+reads it, `p` the payload and `x` the rest, packed as
+
+    <attempt>|<timeout ms>|<deadline at ms>|<max attempts>|<trace id>|<session id>|<metadata>
+
+(metadata last: it may hold '|'). An entry without `p` (a payload too large to ride along) is
+accepted first (accept.lua reads the record).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from broker.ids import is_local_id
+from broker.keys import CapabilityKeys
+from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
+from broker.settings import Settings
+
+_MAX_MS = 253_402_300_799_999
+"""The latest millisecond time a datetime holds (9999-12-31): past it an entry is no delivery."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """A delivery of a task to an agent: its inbox entry and the attempt's fencing token."""
+
+    entry_id: str
+    local_id: str
+    fence: str
+
+
+@dataclass(slots=True)
+class AcceptedTask:
+    """What starting a task needs, from its inbox entry or from accept.lua."""
+
+    entry_id: str
+    local_id: str
+    fence: str
+    task_id: str
+    payload: str
+    attempt: int
+    timeout_ms: int
+    deadline_at_ms: int
+    trace_id: str
+    session_id: str
+    metadata: str
+    max_attempts: int
+
+
+def parse_lease(entry_id: str, fields: dict[str, str] | None) -> Lease | None:
+    """The delivery an inbox entry stands for, or None when the entry is not a valid one."""
+    if not fields:
+        return None
+    local, fence = fields.get("id", ""), fields.get("fence", "")
+    if not (is_local_id(local) and fence.isascii() and fence.isdigit()):
+        return None
+    return Lease(entry_id, local, fence)
+
+
+def parse_entry(capability: str, entry_id: str, fields: dict[str, str] | None) -> AcceptedTask | None:
+    """The task an inbox entry hands over, when the entry carries what starting it needs; None
+    when it does not (the agent then accepts it first) or is no valid delivery."""
+    lease = parse_lease(entry_id, fields)
+    if lease is None or fields is None or "p" not in fields:
+        return None
+    packed = fields.get("x", "").split("|", 6)
+    if len(packed) != 7:
+        return None
+    attempt, timeout_ms, deadline_at, max_attempts, trace_id, session_id, metadata = packed
+    try:
+        numbers = [int(attempt), int(timeout_ms), int(deadline_at), int(max_attempts)]
+    except ValueError:
+        return None
+    if not all(0 <= n <= _MAX_MS for n in numbers):
+        return None  # (a forged or corrupt entry must not crash the reader on a datetime)
+    return AcceptedTask(
+        entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
+        task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=numbers[0],
+        timeout_ms=numbers[1], deadline_at_ms=numbers[2], trace_id=trace_id,
+        session_id=session_id, metadata=metadata, max_attempts=numbers[3],
+    )
+
+
+# -- dispatch.lua ------------------------------------------------------------------------------
+
+@dataclass(frozen=True, slots=True)
+class AgentBatch:
+    """The tasks one routing round gives one agent: local ids, or (local id, explanation)."""
+
+    agent_id: str
+    max_unread: int
+    tasks: Sequence[str | tuple[str, str]]
+
+    def local_ids(self) -> list[str]:
+        return [item if isinstance(item, str) else item[0] for item in self.tasks]
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchResult:
+    inbox_len: int
+    inbox_pending: int
+    """-1: not looked at (the inbox was far from its limit)."""
+    dispatched: int
+    taken: int
+    """Already taken by another dispatcher (or no longer queued)."""
+    expired: int
+    left: int
+    """Left in the queue: the inbox filled up (or the agent left)."""
+
+
+def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBatch],
+                  peek: int = 0) -> ScriptCall:
+    """Hand each batch's tasks to its agent's inbox, in one script call (and return the first
+    `peek` ready tasks left in the queue)."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    task = ck.task
+    keys = [ck.queue, ck.events, ck.dlq, ck.tokens, ck.stats, ck.sessions]
+    keys += [ck.inbox(b.agent_id) for b in batches]
+    args: list[str | int | float] = [*feed_args(settings), settings.result_ttl_ms, len(batches), peek]
+    for b in batches:
+        args += [b.agent_id, b.max_unread, len(b.tasks)]
+    for b in batches:
+        for item in b.tasks:
+            local, why = (item, "") if isinstance(item, str) else item
+            keys.append(task(local))
+            args += [local, why]
+    return ScriptCall("dispatch", keys, args)
+
+
+def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult], list[tuple[str, float]]]:
+    """One result per batch, in order, and the ready tasks the call peeked at (local id, score)."""
+    results = [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, 6 * batches, 6)]
+    peeked = [(str(reply[i]), float(reply[i + 1])) for i in range(6 * batches, len(reply) - 1, 2)]
+    return results, peeked
+
+
+# -- accept.lua --------------------------------------------------------------------------------
+
+@dataclass(slots=True)
+class AcceptReply:
+    refused: bool = False
+    accepted: list[AcceptedTask] = field(default_factory=list)
+    skipped: dict[str, int] = field(default_factory=dict)
+
+
+def accept_call(
+    settings: Settings, capability: str, agent_id: str, token: str, deliveries: Sequence[Lease],
+    *, started: bool = False,
+) -> ScriptCall:
+    """Accept deliveries before starting them, or (`started`) record that they were started."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens]
+    maxlen, task_channels = feed_args(settings)
+    args: list[str | int | float] = [
+        agent_id, token, maxlen, task_channels, settings.result_ttl_ms, "1" if started else "0",
+    ]
+    for d in deliveries:
+        keys.append(ck.task(d.local_id))
+        args += [d.entry_id, d.fence]
+    return ScriptCall("accept", keys, args)
+
+
+def parse_accept_statuses(reply: list[Any]) -> list[str] | None:
+    """Each delivery's status from an accept call that recorded starts (None: token refused)."""
+    if is_refused(reply):
+        return None
+    return [str(reply[i]) for i in range(0, len(reply), 10)]
+
+
+def parse_accept(deliveries: Sequence[Lease], reply: list[Any]) -> AcceptReply:
+    if is_refused(reply):
+        return AcceptReply(refused=True)
+    out = AcceptReply()
+    for i, d in enumerate(deliveries):
+        row = reply[i * 10 : i * 10 + 10]
+        status = row[0]
+        if status != Status.OK:
+            out.skipped[status] = out.skipped.get(status, 0) + 1
+            continue
+        out.accepted.append(AcceptedTask(
+            entry_id=d.entry_id, local_id=d.local_id, fence=d.fence, payload=row[1],
+            attempt=int(row[2] or 1), timeout_ms=int(row[3] or 0), deadline_at_ms=int(row[4] or 0),
+            trace_id=row[5], session_id=row[6], metadata=row[7], max_attempts=int(row[8] or 1),
+            task_id=row[9],
+        ))
+    return out
+
+
+# -- release.lua, reclaim.lua ------------------------------------------------------------------
+
+def release_call(
+    settings: Settings, capability: str, agent_id: str, reason: str, entries: Sequence[Lease]
+) -> ScriptCall:
+    """Put unread inbox entries back into the ready queue (the reply: how many)."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.queue, ck.events]
+    maxlen, task_channels = feed_args(settings)
+    args: list[str | int | float] = [
+        agent_id, settings.aging_ms, maxlen, task_channels, capability, reason, wake_channel(settings),
+    ]
+    for e in entries:
+        keys.append(ck.task(e.local_id))
+        args += [e.entry_id, e.fence]
+    return ScriptCall("release", keys, args)
+
+
+@dataclass(frozen=True, slots=True)
+class ReclaimReply:
+    requeued: int
+    failed: int
+    """Out of attempts: failed into the dead-letter stream."""
+    skipped: int
+
+
+def reclaim_call(
+    settings: Settings, capability: str, agent_id: str, consumer: str, reason: str,
+    entries: Sequence[Lease],
+) -> ScriptCall:
+    """Requeue tasks whose lapsed inbox entries the dispatcher (`consumer`) has claimed."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events, ck.health]
+    maxlen, task_channels = feed_args(settings)
+    args: list[str | int | float] = [
+        agent_id, consumer, settings.aging_ms, maxlen, task_channels, settings.result_ttl_ms,
+        capability, reason, wake_channel(settings),
+    ]
+    for e in entries:
+        keys.append(ck.task(e.local_id))
+        args += [e.entry_id, e.fence]
+    return ScriptCall("reclaim", keys, args)
+
+
+def parse_reclaim(reply: list[Any]) -> ReclaimReply:
+    return ReclaimReply(int(reply[0]), int(reply[1]), int(reply[2]))

@@ -1,0 +1,156 @@
+"""The scripts that move a task along outside its agent's reports: cancel, wait on, promote
+and expire it, and park an unreadable entry; with the readers of their replies."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from broker import codec
+from broker.errors import TaskCanceled, TaskFailed
+from broker.ids import split_task_id
+from broker.keys import CapabilityKeys, Channels
+from broker.models import TaskEvent
+from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.settings import Settings
+
+# -- cancel.lua --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CancelReply:
+    status: Status
+    """canceled, terminal (it had ended), gone, or moved (to `detail`, another agent)."""
+    detail: str = ""
+    """The previous state (canceled, terminal), or the agent it moved to (moved)."""
+
+
+def cancel_call(settings: Settings, task_id: str, agent_id: str) -> ScriptCall:
+    """Cancel a task that the caller saw with `agent_id` ('' for none): see cancel.lua."""
+    capability, local = split_task_id(task_id)
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "cancel",
+        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id)],
+        [local, *feed_args(settings), settings.result_ttl_ms, agent_id,
+         Channels(settings.prefix).control(agent_id)],
+    )
+
+
+def parse_cancel(reply: list[Any]) -> CancelReply:
+    return CancelReply(Status(reply[0]), str(reply[1]) if len(reply) > 1 else "")
+
+
+# -- watch.lua ---------------------------------------------------------------------------------
+
+WatchWhat = Literal["outcome", "events"]
+
+
+def watch_call(settings: Settings, task_id: str, what: WatchWhat, flag: Literal["d", "w"],
+               after: int = 0) -> ScriptCall:
+    """Read a task's outcome ('outcome') or its events after `after` ('events') and register
+    the wait with `flag`: 'd' (block on the done list) or 'w' (follow the channel)."""
+    capability, local = split_task_id(task_id)
+    return ScriptCall("watch", [CapabilityKeys(settings.prefix, capability).task(local)],
+                      [what, flag, after])
+
+
+def task_exists(reply: Sequence[Any]) -> bool:
+    """Whether watch.lua found the task ({false} when it does not exist)."""
+    return bool(reply) and bool(reply[0])
+
+
+def parse_outcome(task_id: str, fields: Sequence[Any]) -> tuple[bool, Any]:
+    """(done, result) from watch.lua's 'outcome' reply (state, result, reason, error); raises
+    TaskFailed/TaskCanceled for those ends."""
+    state, result, reason, error = fields[:4]
+    if state == "succeeded":
+        return True, codec.loads(result) if result else None
+    if state == "failed":
+        raise TaskFailed(task_id, reason or "failure", error or None)
+    if state == "canceled":
+        raise TaskCanceled(task_id, error or None)
+    return False, None
+
+
+def parse_done(task_id: str, text: str) -> tuple[bool, Any]:
+    """(done, result) from the JSON a terminal script pushed to the task's done list (see
+    lua/_finish.lua); (False, None) when the result was too large to ride there (read the
+    record then)."""
+    try:
+        data = codec.loads(text)
+    except ValueError:
+        return False, None
+    if not isinstance(data, dict):
+        return False, None
+    state = data.get("state")
+    if state == "succeeded":
+        if "result" not in data:
+            return False, None
+        return True, data["result"]
+    if state in ("failed", "canceled"):
+        return parse_outcome(task_id, (state, None, data.get("reason"), data.get("error")))
+    return False, None
+
+
+def parse_events(reply: Sequence[Any]) -> tuple[str | None, int, list[TaskEvent]]:
+    """(state, the task's event count, the events returned) from watch.lua's 'events' reply;
+    state None when the task does not exist. Entries that do not parse are skipped."""
+    if not task_exists(reply):
+        return None, 0, []
+    state, trace_id, seq, task_id = reply[0], reply[1], int(reply[2]), reply[3]
+    events = []
+    for i in range(4, len(reply) - 1, 2):
+        try:
+            events.append(TaskEvent.from_compact(int(reply[i]), reply[i + 1], task_id, trace_id))
+        except ValueError:
+            continue
+    return state, seq, events
+
+
+# -- promote.lua, expire.lua, dead_letter_raw.lua ------------------------------------------------
+
+def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
+    """Move due retries back into the ready queue (the reply: how many)."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.delayed, ck.queue, ck.events] + [ck.task(local) for local in local_ids]
+    maxlen, task_channels = feed_args(settings)
+    args: list[str | int | float] = [
+        settings.aging_ms, maxlen, task_channels, capability, wake_channel(settings), *local_ids,
+    ]
+    return ScriptCall("promote", keys, args)
+
+
+@dataclass(frozen=True, slots=True)
+class ExpireReply:
+    expired: int
+    no_agent: int
+    """Failed with no_agent_timeout: no agent started them in time."""
+    rescheduled: int
+
+
+def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events]
+    keys += [ck.task(local) for local in local_ids]
+    args: list[str | int | float] = [
+        *feed_args(settings), settings.result_ttl_ms, settings.no_agent_timeout_ms,
+        ck.inbox_prefix, Channels(settings.prefix).control_prefix, *local_ids,
+    ]
+    return ScriptCall("expire", keys, args)
+
+
+def parse_expire(reply: list[Any]) -> ExpireReply:
+    return ExpireReply(int(reply[0]), int(reply[1]), int(reply[2]))
+
+
+def dead_letter_raw_call(
+    settings: Settings, capability: str, stream: str, group: str, entry_id: str, reason: str,
+    error: str, raw: dict[str, Any],
+) -> ScriptCall:
+    ck = CapabilityKeys(settings.prefix, capability)
+    return ScriptCall(
+        "dead_letter_raw", [stream, ck.dlq],
+        [group, entry_id, reason, error, codec.dumps(raw), capability],
+    )

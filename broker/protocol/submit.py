@@ -1,0 +1,211 @@
+"""What a producer may ask for with a task, checked before anything is written, and submit.lua.
+
+SubmitOptions is the one definition of the submit options: both clients, the CLI and the
+intake reader build it, and build_submit_request turns it into a SubmitRequest (validated,
+encoded) or raises the specific BadInput. SubmitFields is the same fields as keyword arguments
+(a test holds the two to the same names).
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, TypedDict
+
+from broker import codec
+from broker.errors import BadInput, InvalidPriority, QueueFull
+from broker.ids import check_capability, new_task_id, split_task_id
+from broker.keys import CapabilityKeys
+from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.settings import Settings
+from broker.versions import parse_spec
+
+MAX_LABEL_LEN = 256
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitOptions:
+    """How a task is to be run; every field is optional."""
+
+    priority: int = 5
+    """0-9, higher first; a waiting task gains a level per aging_ms."""
+    session_id: str | None = None
+    """Keeps a conversation on the agent that served it while that agent is healthy."""
+    region: str | None = None
+    """Only agents of this region (or, with region_strict=False, preferably them)."""
+    region_strict: bool = True
+    version: str | None = None
+    """A constraint on the agent's version: '2.3' (at least 2.3) or '>=2.3,<3'."""
+    idempotency_key: str | None = None
+    """A repeated key returns the first task's handle instead of making another."""
+    timeout_s: float | None = None
+    """Each attempt's execution timeout (default: the capability's, else default_timeout_ms)."""
+    deadline_s: float | None = None
+    """The whole task's budget, from submit to a terminal state."""
+    max_attempts: int | None = None
+    """Overrides the capability's max_attempts for this task."""
+    trace_id: str | None = None
+    metadata: dict[str, Any] | None = None
+    """A JSON object handed to the handler as ctx.metadata."""
+
+
+class SubmitFields(TypedDict, total=False):
+    """SubmitOptions' fields as keyword arguments (`client.submit(cap, payload, priority=7)`)."""
+
+    priority: int
+    session_id: str | None
+    region: str | None
+    region_strict: bool
+    version: str | None
+    idempotency_key: str | None
+    timeout_s: float | None
+    deadline_s: float | None
+    max_attempts: int | None
+    trace_id: str | None
+    metadata: dict[str, Any] | None
+
+
+OPTION_NAMES = tuple(f.name for f in fields(SubmitOptions))
+
+
+def options_of(options: SubmitOptions | None, overrides: SubmitFields) -> SubmitOptions:
+    """`options` (or the defaults) with the keyword arguments given on top."""
+    unknown = set(overrides) - set(OPTION_NAMES)
+    if unknown:
+        raise BadInput(f"unknown submit option(s): {', '.join(sorted(unknown))}")
+    base = options or SubmitOptions()
+    if not overrides:
+        return base
+    values = {name: getattr(base, name) for name in OPTION_NAMES}
+    values.update(overrides)
+    return SubmitOptions(**values)
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """One validated task, ready to be written."""
+
+    capability: str
+    task_id: str
+    payload: str
+    priority: int = 5
+    session_id: str = ""
+    region: str = ""
+    idempotency_key: str = ""
+    timeout_ms: int = 0
+    deadline_ms: int = 0
+    trace_id: str = ""
+    metadata: str = ""
+    max_attempts: int = 3
+    routing: str = ""
+    intake_entry: str = ""
+    wait: bool = False
+    """The producer will block on the task's done list (its outcome is pushed there)."""
+
+    @property
+    def local_id(self) -> str:
+        return split_task_id(self.task_id)[1]
+
+
+def _opt_text(name: str, value: object) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str) or not value or len(value) > MAX_LABEL_LEN:
+        raise BadInput(f"{name} must be a non-empty string of at most {MAX_LABEL_LEN} characters")
+    return value
+
+
+def _opt_seconds(name: str, value: object) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise BadInput(f"{name} must be a positive number of seconds, got {value!r}")
+    if value > 10 * 365 * 86400:
+        raise BadInput(f"{name} is more than ten years")
+    return max(1, round(value * 1000))
+
+
+def _check_numbers(options: SubmitOptions) -> None:
+    priority, attempts = options.priority, options.max_attempts
+    if isinstance(priority, bool) or not isinstance(priority, int) or not 0 <= priority <= 9:
+        raise InvalidPriority(f"priority must be an int from 0 to 9 (higher runs first), got {priority!r}")
+    if attempts is not None and (
+        isinstance(attempts, bool) or not isinstance(attempts, int) or not 1 <= attempts <= 100
+    ):
+        raise BadInput(f"max_attempts must be an int from 1 to 100, got {attempts!r}")
+
+
+def _routing(options: SubmitOptions) -> str:
+    routing: dict[str, Any] = {}
+    if not options.region_strict:
+        if options.region is None:
+            raise BadInput("region_strict=False needs a region to prefer")
+        routing["region_strict"] = False
+    if options.version is not None:
+        version = _opt_text("version", options.version)
+        parse_spec(version)  # BadInput now rather than a task no agent can ever match
+        routing["version"] = version
+    return codec.dumps(routing) if routing else ""
+
+
+def build_submit_request(settings: Settings, capability: str, payload: Any,
+                         options: SubmitOptions | None = None, *, intake_entry: str = "",
+                         wait: bool = False) -> SubmitRequest:
+    """Validate everything a producer passes; raise a specific BadInput before touching Redis."""
+    options = options or SubmitOptions()
+    check_capability(capability)
+    _check_numbers(options)
+    encoded = codec.encode_payload(payload, settings.max_payload_bytes)
+    meta = ""
+    if options.metadata is not None:
+        if not isinstance(options.metadata, dict):
+            raise BadInput("metadata must be a JSON object (a dict with string keys)")
+        meta = codec.encode_payload(options.metadata, settings.max_payload_bytes, where="metadata")
+    return SubmitRequest(
+        capability=capability,
+        task_id=new_task_id(capability),
+        payload=encoded,
+        priority=options.priority,
+        session_id=_opt_text("session_id", options.session_id),
+        region=_opt_text("region", options.region),
+        idempotency_key=_opt_text("idempotency_key", options.idempotency_key),
+        timeout_ms=_opt_seconds("timeout_s", options.timeout_s) or settings.timeout_ms_for(capability),
+        deadline_ms=_opt_seconds("deadline_s", options.deadline_s),
+        trace_id=_opt_text("trace_id", options.trace_id) or secrets.token_hex(8),
+        metadata=meta,
+        max_attempts=options.max_attempts or settings.max_attempts_for(capability),
+        routing=_routing(options),
+        intake_entry=intake_entry,
+        wait=wait,
+    )
+
+
+def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> ScriptCall:
+    capability = requests[0].capability
+    if any(r.capability != capability for r in requests):
+        raise BadInput("one submit call serves one capability")
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted]
+    maxlen, task_channels = feed_args(settings)
+    args: list[str | int | float] = [
+        settings.max_queue_depth, settings.aging_ms, settings.idempotency_ttl_ms, maxlen,
+        task_channels, capability, settings.no_agent_timeout_ms, ck.inbox_prefix,
+        settings.cold_start_max_priority, wake_channel(settings),
+    ]
+    for r in requests:
+        local = r.local_id
+        keys += [ck.task(local), ck.idempotency(r.idempotency_key)]
+        args += [
+            r.task_id, local, r.payload, r.priority, r.session_id, r.region, r.idempotency_key,
+            r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts, r.routing,
+            r.intake_entry, "1" if r.wait else "",
+        ]
+    return ScriptCall("submit", keys, args)
+
+
+def parse_submit(capability: str, limit: int, reply: list[Any]) -> list[tuple[str, bool]]:
+    """[(task id, created)] in request order; QueueFull when the batch did not fit."""
+    if reply and reply[0] == Status.FULL:
+        raise QueueFull(capability, int(reply[1]), limit)
+    return [(reply[i + 1], reply[i] == Status.NEW) for i in range(0, len(reply), 2)]

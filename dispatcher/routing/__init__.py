@@ -1,0 +1,27 @@
+"""Choosing an agent for each ready task: filter, score, weighted random choice (pure logic).
+
+    model   candidates, ready tasks, choices
+    rules   one agent's filters, room and score
+    pool    weighted random sampling
+    round   one routing round (and its grants and pulls), and how many tasks it reads
+"""
+
+from dispatcher.routing.model import Candidate, Choice, InboxLoad, ReadyTask
+from dispatcher.routing.pool import WeightedPool
+from dispatcher.routing.round import FULL_REASONS, MAX_ROUND_TASKS, RoutingRound, assign, round_tasks
+from dispatcher.routing.rules import (
+    REFILL_WINDOW_MS,
+    at_watermark,
+    components,
+    gate,
+    max_unread,
+    prefetch,
+    refill_allowance,
+    room,
+    score,
+    task_ms,
+)
+
+__all__ = ["FULL_REASONS", "MAX_ROUND_TASKS", "REFILL_WINDOW_MS", "Candidate", "Choice", "InboxLoad",
+           "ReadyTask", "RoutingRound", "WeightedPool", "assign", "at_watermark", "components", "gate",
+           "max_unread", "prefetch", "refill_allowance", "room", "round_tasks", "score", "task_ms"]

@@ -1,0 +1,240 @@
+"""One routing round of one capability: agent-level filters and scores computed once, then a
+choice per task in O(log n) for unconstrained tasks; grants and pulls are the same choices
+taken ahead of time."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from broker.settings import Settings
+from broker.versions import satisfies
+from dispatcher.routing.model import Candidate, Choice, ReadyTask
+from dispatcher.routing.pool import WeightedPool
+from dispatcher.routing.rules import components, gate, room, score
+
+FULL_REASONS = ("no_room", "watermark", "backlog_full")
+"""Why a healthy agent gets nothing in a round because it holds enough work already."""
+
+
+class RoutingRound:
+    """One routing round of one capability: agent-level filters and scores computed once,
+    then a choice per task in O(log n) for unconstrained tasks."""
+
+    def __init__(self, candidates: Sequence[Candidate], settings: Settings, now_ms: int,
+                 rng: random.Random | None = None, probes: dict[str, int] | None = None,
+                 filtered: dict[str, str] | None = None) -> None:
+        self.settings = settings
+        self.now = now_ms
+        self.rng = rng or random.Random()
+        self.probes = probes if probes is not None else {}
+        self.filtered: dict[str, str] = dict(filtered or {})
+        self.candidates = list(candidates)
+        self.agents: list[Candidate] = []
+        self.rooms: list[int] = []
+        self.probe_only: list[bool] = []
+        for c in candidates:
+            reason, probe = gate(c, settings, now_ms, self.probes)
+            r = 1 if probe else room(c, settings)
+            if reason is None and r <= 0:
+                reason = "no_room"
+            if reason is not None:
+                self.filtered[c.agent_id] = reason
+                continue
+            self.agents.append(c)
+            self.rooms.append(r)
+            self.probe_only.append(probe)
+        self.index = {c.agent_id: i for i, c in enumerate(self.agents)}
+        # Regions with a healthy agent, full or not: a task that prefers one of them waits for it.
+        self.live_regions = {c.region for c in candidates
+                             if c.region and not str(self.filtered.get(c.agent_id, "")).startswith(
+                                 ("state:", "circuit_open", "ejected_slow"))}
+        known = [c.latency_p50_ms for c in self.agents if c.latency_p50_ms is not None]
+        self.best_p50 = min(known) if known else None
+        self.cold = [self._is_cold(c) for c in self.agents]
+        self.parts = [components(c, settings, now_ms, self.best_p50) for c in self.agents]
+        self.scores = [score(p, settings) for p in self.parts]
+        self.all_pool = WeightedPool(self.scores)
+        self.warm_pool = WeightedPool(
+            [0.0 if cold else s for s, cold in zip(self.scores, self.cold, strict=True)])
+        self.reroutes = sum(1 for r in self.filtered.values() if r == "backlog_full")
+
+    @property
+    def capacity(self) -> int:
+        return sum(self.rooms)
+
+    def choose(self, task: ReadyTask) -> Choice | None:
+        if not self.agents:
+            return None
+        low_priority = task.priority <= self.settings.cold_start_max_priority
+        constrained = bool(task.region or task.version)
+        if task.session_agent in self.index:
+            i = self.index[task.session_agent]
+            if self.rooms[i] > 0 and self._fits(i, task) and (low_priority or not self.cold[i]):
+                return self._take(i, "session", self._eligible_count(task))
+        if constrained:
+            return self._choose_constrained(task, low_priority)
+        pool = self.all_pool if low_priority else self.warm_pool
+        why = "weighted"
+        if pool.total() <= 1e-9 and not low_priority:
+            pool, why = self.all_pool, "weighted:cold_only"  # no warm agent: better than waiting
+        picked = pool.sample(self.rng)
+        if picked is None:
+            return None
+        if task.last_agent_id and self.agents[picked].agent_id == task.last_agent_id:
+            picked = self._avoid(pool, picked)
+        return self._take(picked, why, pool.positive)
+
+    def grants(self, limit: int) -> list[tuple[Choice, bool]]:
+        """Up to `limit` inbox slots for tasks without constraints, in the order weighted
+        random choice would fill them (each taken like a choice: its agent's room and score
+        drop), each with whether it is for low-priority tasks only (its agent is cold). An
+        agent allowed one probe gets the first slots, one each (the probe is out once granted,
+        so the next task is the probe). A grant is a promise, not a delivery: the agents' loads
+        are left as they were."""
+        loads = [c.load.outstanding for c in self.agents]
+        out: list[tuple[Choice, bool]] = []
+        for i, probe in enumerate(self.probe_only):
+            if probe and self.rooms[i] > 0 and len(out) < limit:
+                out.append((self._take(i, "grant", self.all_pool.positive), self.cold[i]))
+        while len(out) < limit:
+            picked = self.all_pool.sample(self.rng)
+            if picked is None:
+                break
+            out.append((self._take(picked, "grant", self.all_pool.positive), self.cold[picked]))
+        for c, outstanding in zip(self.agents, loads, strict=True):
+            c.load.outstanding = outstanding
+        return out
+
+    def pulls(self) -> list[tuple[Candidate, bool]]:
+        """The agents that may take ready tasks without constraints themselves as they finish
+        others, while the queue is deep (a standing pull, see broker/lua/complete.lua): the
+        healthy ones whose circuit is closed and that are not ejected, with room or not (an
+        agent kept full by the queue is the one that pulls), each with whether it is cold. An
+        agent out on probation (one probe task) does not pull."""
+        out = []
+        for c in self.candidates:
+            i = self.index.get(c.agent_id)
+            if i is not None:
+                if not self.probe_only[i]:
+                    out.append((c, self.cold[i]))
+            elif self.filtered.get(c.agent_id) in FULL_REASONS:
+                out.append((c, self._is_cold(c)))
+        return out
+
+    def _is_cold(self, candidate: Candidate) -> bool:
+        """Recovered less than cold_start_ms ago: low-priority tasks only, for now."""
+        return (bool(candidate.recovered_at_ms)
+                and self.now - candidate.recovered_at_ms < self.settings.cold_start_ms)
+
+    def score_of(self, candidate: Candidate) -> float:
+        """The agent's score in this round (computed here for one the round left out as full)."""
+        i = self.index.get(candidate.agent_id)
+        if i is not None:
+            return self.scores[i]
+        return score(components(candidate, self.settings, self.now, self.best_p50), self.settings)
+
+    def _choose_constrained(self, task: ReadyTask, low_priority: bool) -> Choice | None:
+        fits = [i for i in range(len(self.agents)) if self.rooms[i] > 0 and self._fits(i, task)]
+        why = "weighted"
+        if task.region and not task.region_strict:
+            local = [i for i in fits if self.agents[i].region == task.region]
+            if local:
+                fits, why = local, "weighted:region"
+            elif task.region in self.live_regions:
+                return None  # the region's agents are busy, not gone: wait for them
+            else:
+                why = "weighted:region_elsewhere"
+        warm = fits if low_priority else [i for i in fits if not self.cold[i]]
+        if not warm and fits:
+            warm, why = fits, why + ":cold_only"
+        if task.last_agent_id and len(warm) > 1:
+            warm = [i for i in warm if self.agents[i].agent_id != task.last_agent_id] or warm
+        if not warm:
+            return None
+        weights = [self.all_pool.weights[i] for i in warm]
+        i = self.rng.choices(warm, weights=weights)[0]
+        return self._take(i, why, len(warm))
+
+    def _fits(self, i: int, task: ReadyTask) -> bool:
+        agent = self.agents[i]
+        if task.region and task.region_strict and agent.region != task.region:
+            return False
+        return not (task.version and not satisfies(agent.version, task.version))
+
+    def _eligible_count(self, task: ReadyTask) -> int:
+        return sum(1 for i in range(len(self.agents)) if self.rooms[i] > 0 and self._fits(i, task))
+
+    def _avoid(self, pool: WeightedPool, i: int) -> int:
+        for _ in range(4):
+            j = pool.sample(self.rng)
+            if j is not None and j != i:
+                return j
+        others = [j for j, w in enumerate(pool.weights) if w > 0 and j != i]
+        return self.rng.choice(others) if others else i
+
+    def _take(self, i: int, why: str, eligible: int) -> Choice:
+        agent = self.agents[i]
+        chosen_score = self.scores[i]
+        if self.probe_only[i]:
+            why = "probe"
+            self.probes[agent.agent_id] = self.now
+        self.rooms[i] -= 1
+        agent.load.outstanding += 1
+        if self.rooms[i] <= 0:
+            weight = 0.0
+        else:
+            self.parts[i] = components(agent, self.settings, self.now, self.best_p50)
+            weight = score(self.parts[i], self.settings)
+        self.scores[i] = weight
+        self.all_pool.set(i, weight)
+        self.warm_pool.set(i, 0.0 if self.cold[i] else weight)
+        return Choice(agent.agent_id, why, round(chosen_score, 1), eligible)
+
+    def snapshot(self, limit: int = 50) -> dict[str, Any]:
+        """What this round saw, for `reach explain` (the best `limit` agents in full)."""
+        ranked = sorted(range(len(self.agents)), key=lambda i: -self.scores[i])[:limit]
+        by_reason: dict[str, list[str]] = {}
+        for agent_id, reason in self.filtered.items():
+            by_reason.setdefault(reason, []).append(agent_id)
+        return {
+            "at": self.now,
+            "candidates": [
+                {"agent_id": self.agents[i].agent_id, "score": round(score(self.parts[i], self.settings), 1),
+                 "room": self.rooms[i], "cold": self.cold[i], "region": self.agents[i].region,
+                 "version": self.agents[i].version,
+                 **{k: round(v, 3) for k, v in self.parts[i].items()}}
+                for i in ranked
+            ],
+            "more_candidates": max(0, len(self.agents) - limit),
+            "filtered": {reason: sorted(ids)[:20] for reason, ids in sorted(by_reason.items())},
+            "filtered_counts": {reason: len(ids) for reason, ids in sorted(by_reason.items())},
+        }
+
+
+def assign(tasks: Sequence[ReadyTask], candidates: Sequence[Candidate], settings: Settings,
+           rng: random.Random | None = None, now_ms: int = 0) -> dict[str, list[str]]:
+    """Agent id -> local ids for a batch (a convenience over RoutingRound); tasks nobody can
+    take are left out and stay queued."""
+    round_ = RoutingRound(candidates, settings, now_ms, rng)
+    plan: dict[str, list[str]] = {}
+    for task in tasks:
+        choice = round_.choose(task)
+        if choice is not None:
+            plan.setdefault(choice.agent_id, []).append(task.local_id)
+    return plan
+
+
+ROUND_TASKS_PER_AGENT = 4
+MAX_ROUND_TASKS = 4096
+"""A round with many agents takes up to ROUND_TASKS_PER_AGENT ready tasks per eligible agent
+(at most MAX_ROUND_TASKS), not just dispatch_batch."""
+
+
+def round_tasks(round_: RoutingRound, settings: Settings) -> int:
+    """How many ready tasks a round reads. Setting a round up costs time per agent, and so does
+    each agent's part of a dispatch call: with many agents, take several tasks per eligible
+    agent (as room allows) so that cost is spread over as many decisions."""
+    return min(round_.capacity, max(settings.dispatch_batch,
+                                    min(ROUND_TASKS_PER_AGENT * len(round_.agents), MAX_ROUND_TASKS)))

@@ -1,0 +1,145 @@
+"""The rules routing applies to one agent: filters, room, score (pure functions).
+
+Filter (agent level, once per routing round): healthy only; circuit not open (circuit_failures
+consecutive failures open it for circuit_open_ms, then one probe task is let through: success
+closes it, failure opens it again); not ejected (slow_tasks_to_eject consecutive tasks over the
+latency ceiling, for eject_ms, then a probe); running/max_concurrency below the watermark; room
+in the inbox (see `room`; above the watermark an agent that finishes tasks within the refill
+window still gets that much, see `at_watermark`). Task level: region (strict; or preferred: an
+agent of the region while one is alive, busy or not, else any), version constraint, cold start
+(an agent that recovered less than cold_start_ms ago gets only tasks of priority <=
+cold_start_max_priority, unless no warm agent can take the task).
+
+Score, in points: 100 x (0.35 free capacity + 0.30 affinity + 0.20 latency + 0.15 stability),
+minus 30 while the agent runs slower than 3 x its own baseline; never below 1 so that every
+eligible agent keeps a chance. Weights and thresholds come from the settings.
+
+Choice: weighted random by score (not argmax, which makes hot spots). A task with a session goes
+to the session's agent while it passes the filters; otherwise it is rebalanced and the session
+moves (the dispatch script records the new agent). A retry avoids the agent that failed it when
+another one can take it.
+
+An agent's room: how many more tasks it may be given now. While running/max_concurrency is at
+or above the watermark, only its refill allowance (what it finishes while the dispatcher refills
+its inbox: nothing for a slow agent or one of unknown speed), topped up once half of it is used;
+never more unread entries than backlog_factor x max_concurrency (the dispatch script enforces
+this atomically too); within that, free slots plus a prefetch
+sized to the agent's speed (about what it finishes while the dispatcher refills, Little's law):
+fast agents get a deep buffer, slow ones little more than their free slots, so queued work stays
+in the priority queue where any agent can take it.
+"""
+
+from __future__ import annotations
+
+import math
+
+from broker.settings import Settings
+from dispatcher.routing.model import Candidate
+
+REFILL_WINDOW_MS = 20.0
+"""How long the dispatcher may take to refill an inbox; prefetch covers this much work."""
+
+
+def max_unread(candidate: Candidate, settings: Settings) -> int:
+    return settings.backlog_factor * candidate.max_concurrency
+
+
+def task_ms(candidate: Candidate) -> float | None:
+    """How long the agent takes per task now: its most recent completions when the dispatcher
+    saw some (fresher than the heartbeat's p50), else the heartbeat's p50."""
+    if candidate.recent_exec_ms is not None:
+        return candidate.recent_exec_ms
+    return candidate.latency_p50_ms
+
+
+def refill_allowance(candidate: Candidate, settings: Settings) -> int:
+    """Unread tasks the agent finishes while the dispatcher refills its inbox (Little's law:
+    concurrency x refill window / time per task); 0 for an agent of unknown speed."""
+    ms = task_ms(candidate)
+    if ms is None:
+        return 0
+    return min(max_unread(candidate, settings),
+               math.floor(candidate.max_concurrency * REFILL_WINDOW_MS / max(ms, 0.01)))
+
+
+def prefetch(candidate: Candidate, settings: Settings) -> int:
+    return max(1, refill_allowance(candidate, settings))
+
+
+def at_watermark(candidate: Candidate, settings: Settings) -> bool:
+    """Running at or above the watermark, and holding at least what it finishes during a refill.
+
+    The watermark keeps work away from a busy agent so that it waits in the priority queue,
+    where any agent can take it. An agent that finishes tasks in a fraction of the refill window
+    is not kept waiting for that: it still gets its refill allowance (for a slow agent that is
+    zero, so a task never sits behind a long one), which keeps fast agents from idling between
+    two dispatcher rounds."""
+    load = candidate.load
+    return (load.running / candidate.max_concurrency >= settings.watermark
+            and load.unread >= refill_allowance(candidate, settings))
+
+
+def room(candidate: Candidate, settings: Settings) -> int:
+    """How many more tasks this agent may be given now (0: skip it)."""
+    conc = candidate.max_concurrency
+    load = candidate.load
+    by_backlog = max_unread(candidate, settings) - load.unread
+    if load.running / conc >= settings.watermark:
+        allowance = refill_allowance(candidate, settings)
+        # Top the buffer up once half of it is used, not after every completion: a fast agent
+        # gets a few big batches instead of a stream of one-task rounds.
+        if load.unread > allowance // 2:
+            return 0
+        return max(0, min(by_backlog, allowance - load.unread))
+    by_speed = conc - load.running + prefetch(candidate, settings) - load.unread
+    return max(0, min(by_backlog, by_speed))
+
+
+def gate(candidate: Candidate, settings: Settings, now_ms: int,
+         probes: dict[str, int]) -> tuple[str | None, bool]:
+    """(reason the agent is filtered out or None, whether it is only allowed one probe task)."""
+    h = candidate.health
+    probe_out = probes.get(candidate.agent_id, 0)
+    for tripped, since, hold in (
+        (h.consecutive_failures >= settings.circuit_failures, h.last_failure_ms, settings.circuit_open_ms),
+        (settings.latency_ceiling_ms > 0 and h.consecutive_slow >= settings.slow_tasks_to_eject,
+         h.last_slow_ms, settings.eject_ms),
+    ):
+        if not tripped:
+            continue
+        kind = "circuit_open" if hold == settings.circuit_open_ms else "ejected_slow"
+        if now_ms - since < hold:
+            return kind, False
+        if probe_out >= since and now_ms - probe_out < settings.lease_ms + hold:
+            return f"{kind}:probe_out", False
+        return None, True
+    if at_watermark(candidate, settings):
+        return "watermark", False
+    if candidate.load.unread >= max_unread(candidate, settings):
+        return "backlog_full", False
+    return None, False
+
+
+def components(candidate: Candidate, settings: Settings, now_ms: int,
+               best_p50: float | None) -> dict[str, float]:
+    """The score's parts, each 0..1, and the slowness penalty in points."""
+    c = candidate
+    free = min(max(1.0 - c.load.outstanding / c.max_concurrency, 0.0), 1.0)
+    affinity = 0.0
+    if c.health.last_success_ms:
+        affinity = max(0.0, 1.0 - (now_ms - c.health.last_success_ms) / settings.affinity_window_ms)
+    latency = 0.5
+    if c.latency_p50_ms is not None and best_p50 is not None:
+        latency = min(1.0, max(best_p50, 0.01) / max(c.latency_p50_ms, 0.01))
+    stability = 1.0 if c.stability is None else min(max(c.stability, 0.0), 1.0)
+    slow = (c.latency_p50_ms is not None and c.latency_baseline_ms is not None
+            and c.latency_p50_ms > settings.slow_factor * max(c.latency_baseline_ms, 0.01))
+    return {"free": free, "affinity": affinity, "latency": latency, "stability": stability,
+            "penalty": settings.slow_penalty if slow else 0.0}
+
+
+def score(parts: dict[str, float], settings: Settings) -> float:
+    points = 100.0 * (settings.weight_capacity * parts["free"] + settings.weight_affinity * parts["affinity"]
+                      + settings.weight_latency * parts["latency"]
+                      + settings.weight_stability * parts["stability"]) - parts["penalty"]
+    return max(1.0, points)
