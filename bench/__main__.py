@@ -5,7 +5,8 @@
     python -m bench --only reach,bullmq  # some rows / figures only (see --help for the names)
     REDIS_URL=redis://host:6379/5 python -m bench   # on that server (only our keys are deleted)
 
-Output: bench/results/<date>.json, .md (the tables) and .png (the directory is git-ignored). Exit status 0
+Output: bench/results/<stem>.json, .md (the tables) and .png, <stem> being the run's local start
+time YYYY-MM-DDTHHMMSS (git-ignored; runs worth keeping go to bench/results/history/). Exit status 0
 when every selected figure was measured or skipped with a note (e.g. no Node.js), 1 when one
 failed, 130 on Ctrl-C. Every process the harness started is killed in every case.
 """

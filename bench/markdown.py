@@ -1,6 +1,6 @@
 """The run as Markdown tables (written next to the JSON; pasted into docs/benchmarks.md).
 
-    python -m bench.markdown bench/results/<date>.json
+    python -m bench.markdown bench/results/<stem>.json
 """
 
 from __future__ import annotations
