@@ -51,7 +51,8 @@ class AttemptSink(Protocol):
 class Attempts:
     def __init__(self, settings: Settings, running: Running, slots: Slots, stats: WorkerStats,
                  threads: Executor, sink: AttemptSink, progress: ProgressSink,
-                 tell_held: Callable[[], None], all_held: Callable[[], None]) -> None:
+                 tell_held: Callable[[], None], all_held: Callable[[], None],
+                 retry_failures: Callable[[Binding], bool] | None = None) -> None:
         self.settings = settings
         self.running = running
         self.slots = slots
@@ -63,6 +64,7 @@ class Attempts:
         """The heartbeat says at once that slots are held (dispatchers send less)."""
         self._all_held = all_held
         """Every slot is held by a handler that does not stop: the worker must go."""
+        self._retry_failures = retry_failures or (lambda binding: binding.retry_failures)
         self._given_up: list[Attempt] = []
         self._hung_calls: dict[Future[Any], float] = {}
         """Sync handler calls still running past their attempt's timeout, and since when."""
@@ -99,7 +101,7 @@ class Attempts:
         end: AttemptEnd | None = None
         try:
             end = await run_attempt(attempt.binding, ctx, payload, self.threads,
-                                    self.settings.max_payload_bytes)
+                                    self.settings.max_payload_bytes, self._retry_failures(attempt.binding))
         except asyncio.CancelledError:
             end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
         except Exception as exc:  # (run_attempt turns a handler's errors into outcomes: not this)

@@ -40,7 +40,9 @@ class AttemptEnd:
 
 
 async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
-                      threads: Executor, max_result_bytes: int) -> AttemptEnd:
+                      threads: Executor, max_result_bytes: int,
+                      retry_failures: bool | None = None) -> AttemptEnd:
+    """`retry_failures`: the capability's policy (None: the binding's own setting)."""
     started = time.perf_counter()
 
     def end(outcome: Outcome, body: str, retry_after_s: float | None = None) -> AttemptEnd:
@@ -78,7 +80,8 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
     except Exception as exc:
         if ctx._timed_out:  # (a handler that turned the cancellation into an error of its own)
             return timed_out()
-        return end(classify(exc, retry_failures=binding.retry_failures), describe(exc),
+        retry = binding.retry_failures if retry_failures is None else retry_failures
+        return end(classify(exc, retry_failures=retry), describe(exc),
                    _retry_after(exc))
     if ctx._timed_out:  # (a handler that swallowed the cancellation: too late all the same)
         return timed_out()

@@ -20,6 +20,7 @@ import redis
 
 from agent_worker.stats import FULL_STATS_EVERY_S, changed
 from broker.infra import connection
+from broker.infra.connection import AsyncRedis
 from broker.models import AgentDescriptor
 from broker.protocol.agents import bind_call, heartbeat_call, parse_heartbeat, register_call
 from broker.protocol.calls import Status
@@ -42,7 +43,7 @@ def new_token() -> tuple[str, str]:
     return token, token_sha(token)
 
 
-async def register(settings: Settings, client: Any, scripts: AsyncScripts,
+async def register(settings: Settings, client: AsyncRedis, scripts: AsyncScripts,
                    descriptor: AgentDescriptor) -> str:
     """Register (idempotent upsert) and bind every capability; returns the new token."""
     token, sha = new_token()

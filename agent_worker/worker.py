@@ -33,6 +33,7 @@ from agent_worker import control
 from agent_worker.attempt import STOP_WAIT_S, Running
 from agent_worker.attempts import Attempts
 from agent_worker.handlers import Binding
+from agent_worker.policies import WorkerPolicy
 from agent_worker.reader import Entries, Inboxes
 from agent_worker.renewer import Renewer
 from agent_worker.reporter import Reporter
@@ -116,9 +117,11 @@ class Worker:
                                  piggyback=len(self.bindings) == 1 and not connection.is_cluster(self.redis),
                                  read_along=self._read_along)
         self._threads = ThreadPoolExecutor(concurrency + 2, thread_name_prefix="reach-handler")
-        self.attempts = Attempts(settings, self.running, self.slots, self.stats, self._threads,
-                                 self.reporter, self.reporter.progress, self.session.heartbeat.beat_now,
-                                 self._all_held)
+        self.policy = WorkerPolicy(settings, self.redis, list(self.bindings))
+        self.attempts = Attempts(
+            settings, self.running, self.slots, self.stats, self._threads, self.reporter,
+            self.reporter.progress, self.session.heartbeat.beat_now, self._all_held,
+            lambda b: self.policy.retry_failures(b.capability, b.retry_failures))
         self.inboxes = Inboxes(settings, self.session, self.redis, scripts, self.bindings, self.slots,
                                self.running, recover, self.attempts.start)
         self.renewer = Renewer(settings, self.session, scripts, self.running)
@@ -150,7 +153,7 @@ class Worker:
                                        name=f"reader-{c}") for c, b in self.bindings.items()]
         jobs: dict[str, Callable[[], Awaitable[None]]] = {
             "flusher": self.reporter.flusher, "renewer": self.renewer.run, "ticker": self._ticker,
-            "registrar": self.session.registrar,
+            "registrar": self.session.registrar, "policy": self.policy.run,
             "control": functools.partial(control.listen, self.redis, self.settings.prefix,
                                          self.agent_id, self.running),
         }

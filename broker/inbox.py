@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from broker.infra.connection import AsyncRedis
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.protocol.delivery import parse_lease, parse_reclaim, reclaim_call, release_call
 from broker.protocol.lifecycle import dead_letter_raw_call
@@ -23,7 +24,7 @@ log = logging.getLogger("reach.inbox")
 BATCH = 200
 
 
-async def last_delivered(client: Any, inbox: str) -> str | None:
+async def last_delivered(client: AsyncRedis, inbox: str) -> str | None:
     """The consumer group's last-delivered id, or None when the inbox or group does not exist."""
     try:
         groups = await client.xinfo_groups(inbox)
@@ -35,7 +36,7 @@ async def last_delivered(client: Any, inbox: str) -> str | None:
     return None
 
 
-async def release_unread(client: Any, scripts: AsyncScripts, settings: Settings, capability: str,
+async def release_unread(client: AsyncRedis, scripts: AsyncScripts, settings: Settings, capability: str,
                          agent_id: str, reason: str) -> int:
     """Put every task still unread in the agent's inbox back into the ready queue."""
     inbox = CapabilityKeys(settings.prefix, capability).inbox(agent_id)
@@ -44,7 +45,7 @@ async def release_unread(client: Any, scripts: AsyncScripts, settings: Settings,
         start = await last_delivered(client, inbox)
         if start is None:
             return released
-        entries = await client.xrange(inbox, min=f"({start}", max="+", count=BATCH)
+        entries: Any = await client.xrange(inbox, min=f"({start}", max="+", count=BATCH)
         leases = [lease for entry_id, fields in entries
                   if (lease := parse_lease(entry_id, fields)) is not None]
         if leases:
@@ -55,7 +56,7 @@ async def release_unread(client: Any, scripts: AsyncScripts, settings: Settings,
             return released  # only entries we cannot parse; the agent dead-letters them when read
 
 
-async def reclaim_lapsed(client: Any, scripts: AsyncScripts, settings: Settings, capability: str,
+async def reclaim_lapsed(client: AsyncRedis, scripts: AsyncScripts, settings: Settings, capability: str,
                          agent_id: str, consumer: str, min_idle_ms: int, reason: str) -> int:
     """Claim inbox entries idle for `min_idle_ms` (their lease lapsed) and requeue their tasks.
 
@@ -87,8 +88,8 @@ async def reclaim_lapsed(client: Any, scripts: AsyncScripts, settings: Settings,
             else:  # finished and deleted while still pending: just clear it
                 await client.xack(inbox, AGENT_GROUP, entry_id)
         if leases:
-            reply = parse_reclaim(await scripts(reclaim_call(
+            done = parse_reclaim(await scripts(reclaim_call(
                 settings, capability, agent_id, consumer, reason, leases)))
-            moved += reply.requeued + reply.failed
+            moved += done.requeued + done.failed
         if cursor in ("0-0", b"0-0"):
             return moved

@@ -20,7 +20,10 @@ cannot start with '_', so the two never collide).
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
 | P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
 | P:{cap}:health | hash per agent: cf/lf, ok, cs/ls (failures, success, slow) | complete, reclaim | never |
-| P:{cap}:stats | hash of counters (dispatched, reroutes, ...) | dispatchers | never |
+| P:{cap}:stats | hash of counters (dispatched, reroutes, ...; `active`, see (8)) | scripts | never |
+| P:{cap}:policy | hash: the capability's effective policy (9) | policy scripts, dispatchers | never |
+| P:{cap}:policy:history | stream: every policy change (who, when, old -> new) | policy scripts | MAXLEN |
+| P:{cap}:rate | hash: the rate limit's token bucket (tokens, at) | scripts that start tasks | idle |
 | P:{cap}:explain:{id} | JSON: what one routing round saw | dispatchers | 15 minutes |
 | P:{cap}:idem:{key} | string -> task id | submit | idempotency_ttl |
 | P:{cap}:events | stream, capped: an entry per script call (5) | every script | MAXLEN ~ event_feed_maxlen |
@@ -30,6 +33,9 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:capabilities | set of capability names | clients, workers | never |
 | P:{_registry}:changes, :rev | zset agent -> revision of last change; counter | registry scripts | prune |
 | P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
+| P:{_registry}:served | set of capability names some agent registered for | register | never |
+| P:{_registry}:policy, :policy:history | the fleet's policy (9), its changes | policy scripts | never |
+| P:{_registry}:schedules, :fires | periodic schedules (JSON); last fire time | schedules | removed |
 
 (1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
 (2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
@@ -47,6 +53,13 @@ cannot start with '_', so the two never collide).
     changes nothing a dispatcher acts on (successes only, the queue empty, the agent granted)
     gives the grants its tasks used back to the list, as credits, and wakes no dispatcher;
     submit reads `#` to tell when the grants fall below half (lua/complete.lua, lua/submit.lua).
+(8) `active`: tasks in the capability's inboxes (dispatched or running), counted by the scripts
+    that add and delete inbox entries and set exactly by the dispatchers' lease sweep; the
+    `max_running` cap is held against it.
+(9) broker/policy.py: each field's effective value (the capability's own, else the fleet's,
+    else the built-in default), `src:<field>` where it came from, `own:<field>` when it was set
+    for this capability itself. The scripts read the capability's hash only (one slot); the
+    dispatchers copy the fleet's values into it.
 """
 
 from __future__ import annotations
@@ -139,6 +152,18 @@ class CapabilityKeys:
         return f"{self.base}:pulls"
 
     @property
+    def policy(self) -> str:
+        return f"{self.base}:policy"
+
+    @property
+    def policy_history(self) -> str:
+        return f"{self.base}:policy:history"
+
+    @property
+    def rate(self) -> str:
+        return f"{self.base}:rate"
+
+    @property
     def inbox_prefix(self) -> str:
         """An inbox's key is this plus the agent id (for scripts that find the agent in data)."""
         return f"{self.base}:inbox:"
@@ -191,6 +216,26 @@ class RegistryKeys:
     @property
     def events(self) -> str:
         return f"{self.base}:events"
+
+    @property
+    def served(self) -> str:
+        return f"{self.base}:served"
+
+    @property
+    def policy(self) -> str:
+        return f"{self.base}:policy"
+
+    @property
+    def policy_history(self) -> str:
+        return f"{self.base}:policy:history"
+
+    @property
+    def schedules(self) -> str:
+        return f"{self.base}:schedules"
+
+    @property
+    def schedule_fires(self) -> str:
+        return f"{self.base}:schedule_fires"
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"

@@ -19,6 +19,8 @@ SCHEMA_VERSION = 1
 
 
 class TaskState(StrEnum):
+    SCHEDULED = "scheduled"
+    """Waiting for its start time (a delay or a time given at submit)."""
     QUEUED = "queued"
     DISPATCHED = "dispatched"
     RUNNING = "running"
@@ -56,6 +58,7 @@ class Outcome(StrEnum):
 
 
 class EventType(StrEnum):
+    SCHEDULED = "scheduled"
     QUEUED = "queued"
     DISPATCHED = "dispatched"
     ACCEPTED = "accepted"
@@ -91,13 +94,16 @@ class TaskStatus(BaseModel):
     state: TaskState
     priority: int = 5
     attempt: int = 0
-    max_attempts: int = 3
+    max_attempts: int | None = None
+    """The task's own limit (None: its capability's policy decides)."""
     agent_id: str | None = None
     created_at: datetime | None = None
     dispatched_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
     deadline_at: datetime | None = None
+    due_at: datetime | None = None
+    """A scheduled task's start time."""
     reason: str | None = None
     error: str | None = None
     session_id: str | None = None
@@ -112,13 +118,14 @@ class TaskStatus(BaseModel):
             state=TaskState(record["state"]),
             priority=int(record.get("priority") or 5),
             attempt=int(record.get("attempt") or 0),
-            max_attempts=int(record.get("max_attempts") or 3),
+            max_attempts=int(record["max_attempts"]) if record.get("max_attempts") else None,
             agent_id=record.get("agent_id") or None,
             created_at=ms_to_datetime(record.get("created_at")),
             dispatched_at=ms_to_datetime(record.get("dispatched_at")),
             started_at=ms_to_datetime(record.get("started_at")),
             finished_at=ms_to_datetime(record.get("finished_at")),
             deadline_at=ms_to_datetime(record.get("deadline_at")),
+            due_at=ms_to_datetime(record.get("due_at")),
             reason=record.get("reason") or None,
             error=record.get("error") or None,
             session_id=record.get("session_id") or None,

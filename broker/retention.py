@@ -14,9 +14,9 @@ loses anything to retention right away.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from broker.ids import check_capability
+from broker.infra.connection import SyncRedis
 from broker.keys import CapabilityKeys, RegistryKeys
 from broker.registry import clock_of
 from broker.settings import Settings
@@ -31,7 +31,7 @@ def cutoff_ms(now_ms: int, settings: Settings) -> int:
     return max(0, now_ms - settings.dlq_retention_ms - CLOCK_MARGIN_MS)
 
 
-def trim(client: Any, settings: Settings, capability: str) -> int:
+def trim(client: SyncRedis, settings: Settings, capability: str) -> int:
     """Apply the retention to one capability's DLQ; returns how many entries were removed.
 
     `client` is a synchronous redis-py client (Redis or RedisCluster).
@@ -53,7 +53,7 @@ def trim(client: Any, settings: Settings, capability: str) -> int:
     return removed
 
 
-def trim_all(client: Any, settings: Settings) -> dict[str, int]:
+def trim_all(client: SyncRedis, settings: Settings) -> dict[str, int]:
     """`trim` for every capability of the registry; {capability: removed}."""
     names = sorted(client.smembers(RegistryKeys(settings.prefix).capabilities))
     out = {}

@@ -29,8 +29,8 @@ from broker.protocol.calls import ScriptCall
 
 _LUA = resources.files("broker") / "lua"
 
-LIBRARY = ("_base", "_events", "_queue", "_finish", "_delivery", "_wake", "_handoff", "_outcome",
-           "_health", "_pull", "_credits")
+LIBRARY = ("_base", "_events", "_queue", "_finish", "_policy", "_delivery", "_wake", "_handoff",
+           "_outcome", "_health", "_pull", "_credits")
 """The helper files, in the order they are prepended (each uses only those before it)."""
 
 # Every `<name>.lua` of the folder is a script (files starting with '_' are shared helpers).

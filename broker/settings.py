@@ -42,6 +42,13 @@ class CapabilityConfig(BaseModel):
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     retry_failures: bool = False
     """Treat an unclassified handler exception as retryable instead of a terminal `failure`."""
+    aging_ms: int | None = Field(default=None, gt=0)
+    max_queue_depth: int | None = Field(default=None, ge=1)
+    no_agent_timeout_ms: int | None = Field(default=None, ge=0)
+    rate: float | None = Field(default=None, ge=0)
+    burst: int | None = Field(default=None, ge=0)
+    max_running: int | None = Field(default=None, ge=0)
+    # (A dispatcher seeds the fleet's policy in Redis from these: broker/policy.py.)
 
 
 _NO_CAPABILITY_CONFIG = CapabilityConfig()
@@ -101,8 +108,14 @@ class Settings(BaseSettings):
     affinity_window_ms: int = Field(300000, gt=0)
     """An agent that succeeded on the capability this recently gets (decaying) affinity."""
     drain_grace_ms: int = Field(30000, ge=0)
-    no_agent_timeout_ms: int = Field(0, ge=0)
-    """Fail a task still queued after this long with reason no_agent_timeout (0: never)."""
+    no_agent_timeout_ms: int = Field(300000, ge=0)
+    """Fail a task no agent started within this long with reason no_agent_timeout (0: never)."""
+    rate: float = Field(0.0, ge=0)
+    """Most task starts per second per capability, fleet-wide (0: no limit)."""
+    burst: int = Field(0, ge=0)
+    """How many starts the rate allows at once (0: the rate's one second, at least 1)."""
+    max_running: int = Field(0, ge=0)
+    """Most tasks of a capability handed out (dispatched or running) at once (0: no cap)."""
     event_feed_maxlen: int = Field(10000, ge=0)
     """Approximate length of each capability's event feed stream (0: no feed)."""
     dlq_retention_ms: int = Field(14 * 86400000, gt=0)

@@ -11,6 +11,7 @@ sweep; never longer than the idle tick. The parts:
     handoff       dispatch calls, and big rounds' calls in flight
     grants        grants and pulls, the decisions left standing for the scripts
     snapshots     what rounds saw, for `reach explain`
+    policy        the capability's policy (pause, rate, max_running are the scripts' to hold)
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 
 from broker.infra import outages
 from broker.keys import CapabilityKeys
-from broker.protocol.delivery import AgentBatch
+from broker.protocol.delivery import HOLD_AT_MAX_RUNNING, HOLD_PAUSED, AgentBatch
 from broker.protocol.grants import Explanation
 from dispatcher.context import DispatcherContext
 from dispatcher.grants import Grants
@@ -30,6 +31,7 @@ from dispatcher.handoff import PIPELINE_MIN_TASKS, Handoff
 from dispatcher.housekeeping import Housekeeping
 from dispatcher.leases import LeaseSweep
 from dispatcher.observations import Observations
+from dispatcher.policy import CapabilityPolicy
 from dispatcher.ready import ReadyQueue
 from dispatcher.routing import MAX_ROUND_TASKS, Choice, ReadyTask, RoutingRound, max_unread, round_tasks
 from dispatcher.snapshots import Snapshots
@@ -55,6 +57,9 @@ class CapabilityLoop:
         self.grants = Grants(ctx, self.keys, self.observations, self.snapshots)
         self.housekeeping = Housekeeping(ctx, self.keys)
         self.leases = LeaseSweep(ctx, self.keys)
+        self.policy = CapabilityPolicy(ctx, capability)
+        self._hold_until = 0.0
+        """No round before this (monotonic): the rate allows no start until then."""
         self._rng = random.Random()
         self._wake = asyncio.Event()
         self._urgent = False
@@ -83,6 +88,12 @@ class CapabilityLoop:
         queued = self.ready.maybe_queued and pulled < finished
         if health_changed or queued or self.grants.running_low():
             self._wake.set()
+
+    def on_policy(self) -> None:
+        """Its policy changed: read it, and route with it, at once."""
+        self.policy.stale()
+        self._hold_until = 0.0
+        self.kick()
 
     def on_took(self, taken: int, left: int | None = None) -> None:
         """A submit used grants (see Grants.on_took)."""
@@ -142,11 +153,14 @@ class CapabilityLoop:
             if due is not None:
                 timeout = min(timeout, max((due - now) / 1000, not_before))
         timeout = min(timeout, self.leases.next_at - time.monotonic())
+        if self._hold_until:
+            timeout = min(timeout, max(0.0, self._hold_until - time.monotonic()))
         return max(0.001, timeout)
 
     async def step(self) -> bool:
         # Routing first: a task that just arrived is on its way before the housekeeping round
         # trip (what housekeeping makes ready is routed at the next step, which follows at once).
+        await self.policy.refresh()
         moved = await self.route()
         if self.housekeeping.due():
             housekept = await self.housekeeping.run()
@@ -167,10 +181,14 @@ class CapabilityLoop:
         # the agents another dispatcher granted are read by the registry refresh.)
         await self.observations.refresh_unsure(self.grants.granted_agents())
         candidates, filtered = self.observations.candidates()
-        if not candidates:
+        if not candidates or self.policy.current.paused:
+            # (Paused: nothing starts, by a round, a grant or a pull.)
             settled, _ = await self.handoff.settle()
             await self.grants.grant(None)
             await self.grants.pull(None)
+            return settled
+        if time.monotonic() < self._hold_until:  # (the rate allows no start yet)
+            settled, _ = await self.handoff.settle()
             return settled
         round_ = RoutingRound(candidates, self.ctx.settings, self.ctx.view.now_ms(), self._rng,
                               self.observations.probes, filtered)
@@ -233,7 +251,10 @@ class CapabilityLoop:
         rerouted = round_.reroutes > 0
         # (Not after calls in flight that moved nothing: their agents took none, e.g. they had
         # left; the round then waits for its replies, and reports what really moved.)
-        if not drained and len(choices) >= PIPELINE_MIN_TASKS and (settled or not was_inflight):
+        policy = self.policy.current
+        limited = policy["rate"] > 0 or policy["max_running"] > 0  # (rounds then move few tasks)
+        if (not drained and not limited and len(choices) >= PIPELINE_MIN_TASKS
+                and (settled or not was_inflight)):
             # Tasks are left and the round was big: while Redis runs these calls, the next
             # round is routed (routing and Redis take turns otherwise, each idle half the time).
             await self.grants.grant(grant_round)  # (tasks are left: no grants)
@@ -242,8 +263,20 @@ class CapabilityLoop:
             return settled + len(choices)
         progressed, _ = handoff.note_results(batches, await handoff.dispatch(batches), rerouted)
         await handoff.count()
+        self._note_hold(handoff.hold)
         await self.grants.grant(grant_round)  # (the room left; or, with tasks left, no grants)
         return settled + progressed
+
+    def _note_hold(self, hold: int) -> None:
+        """The policy let fewer tasks start than chosen: wait for the rate's next start, or for
+        the policy to be read again (paused since the last read); at max_running the next
+        completion's wake-up brings the next round."""
+        if hold == HOLD_PAUSED:
+            self.policy.stale()
+        elif hold > 0:
+            self._hold_until = time.monotonic() + hold / 1000
+        elif hold != HOLD_AT_MAX_RUNNING:
+            self._hold_until = 0.0
 
     async def _batches(self, round_: RoutingRound, choices: Chosen) -> list[AgentBatch]:
         """The choices as one batch per agent, each task with the decision its record keeps."""

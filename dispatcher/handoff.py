@@ -45,6 +45,8 @@ class Handoff:
         self.inflight_ids: frozenset[str] = frozenset()
         """The tasks the calls in flight hand off: still in the queue until Redis runs them."""
         self.pipelined_rounds = 0
+        self.hold = 0
+        """The policy's hold in the last dispatch call's reply (see DispatchReply.hold)."""
         self.dispatched = 0
         self.reroutes = 0
         """Reroutes not yet added to the capability's stats (see count)."""
@@ -70,9 +72,12 @@ class Handoff:
         gen = self.ready.gen
         out: list[DispatchResult] = []
         peeked: list[tuple[str, float]] = []
+        self.hold = 0
         for group, reply in zip(groups, await self.ctx.scripts.run_all(calls), strict=True):
-            results, peeked = parse_dispatch(reply, len(group))
-            out += results
+            parsed = parse_dispatch(reply, len(group))
+            out += parsed.results
+            peeked = parsed.peeked
+            self.hold = parsed.hold or self.hold
         self.ready.install(gen, peeked, peek)
         return out
 

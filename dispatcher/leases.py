@@ -13,6 +13,7 @@ import time
 
 from broker import inbox
 from broker.keys import AGENT_GROUP, CapabilityKeys
+from broker.protocol.policy import active_sync_call
 from dispatcher.context import DispatcherContext
 
 log = logging.getLogger("reach.dispatcher")
@@ -36,6 +37,8 @@ class LeaseSweep:
         agents = sorted(str(agent) for agent in await ctx.redis.smembers(self.keys.inboxes))
         if not agents:
             return 0
+        # (the count max_running is held against, set exactly: the scripts keep it in between)
+        await ctx.scripts(active_sync_call(settings, self.capability))
         pipe = ctx.redis.pipeline(transaction=False)
         for agent_id in agents:
             pipe.xpending(self.keys.inbox(agent_id), AGENT_GROUP)

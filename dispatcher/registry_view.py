@@ -10,8 +10,8 @@ reads TIME in the same round trip, and the offset to the local monotonic clock i
 from __future__ import annotations
 
 import time
-from typing import Any
 
+from broker.infra.connection import AsyncRedis
 from broker.keys import RegistryKeys
 from broker.registry import SERVER_TIME_LUA, AgentRecord, AgentState, agent_state, server_ms
 from broker.settings import Settings
@@ -20,7 +20,7 @@ FULL_REFRESH_EVERY_S = 60.0
 
 
 class RegistryView:
-    def __init__(self, settings: Settings, client: Any) -> None:
+    def __init__(self, settings: Settings, client: AsyncRedis) -> None:
         self.settings = settings
         self._redis = client
         self._keys = RegistryKeys(settings.prefix)

@@ -22,6 +22,8 @@ from broker.settings import Settings
 from dispatcher.capability import CapabilityLoop
 from dispatcher.context import DispatcherContext
 from dispatcher.health import HealthWatcher
+from dispatcher.policy import seed
+from dispatcher.scheduler import Scheduler
 
 log = logging.getLogger("reach.dispatcher")
 
@@ -53,11 +55,13 @@ class Dispatcher:
                  ctx.tag, self.settings.redacted_url(), self.settings.prefix,
                  eventloop.loop_name(asyncio.get_running_loop()))
         await asyncio.to_thread(connection.check_eviction, self.settings)
+        await outages.with_reconnect(lambda: seed(ctx))
         await outages.with_reconnect(lambda: self._refresh(ctx, health))
         helpers = [
             asyncio.create_task(self._wake_listener(ctx), name="wake-listener"),
             asyncio.create_task(self._refresher(ctx, health), name="registry-refresher"),
             asyncio.create_task(self._retention(), name="dlq-retention"),
+            asyncio.create_task(Scheduler(ctx).run(), name="scheduler"),
         ]
         await self._stop.wait()
         everything = [*helpers, *self._tasks.values()]
@@ -161,6 +165,10 @@ class Dispatcher:
         elif isinstance(message, wake.AgentFreed):
             if (loop := self.loops.get(message.capability)) is not None:
                 _on_freed(loop, message)
+        elif isinstance(message, wake.PolicyChanged):
+            for name, loop in self.loops.items():
+                if message.capability in (name, "*"):
+                    loop.on_policy()
         elif isinstance(message, wake.GrantsTaken) and (loop := self.loops.get(message.capability)):
             loop.observations.note_load(message.agent_id, message.inbox_len, message.inbox_pending)
             loop.on_took(message.taken, message.left)

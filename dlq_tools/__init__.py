@@ -12,6 +12,7 @@
 Operator documentation, including every `--json` field: docs/dlq.md.
 """
 
+from broker.durations import parse_duration_ms
 from broker.retention import trim, trim_all
 from dlq_tools.api import DeadLetters, Page
 from dlq_tools.history import Attempt, attempts_from_history
@@ -24,7 +25,7 @@ from dlq_tools.models import (
     Target,
     UnknownDeadLetter,
 )
-from dlq_tools.parsing import Ref, parse_duration_ms, parse_ref, parse_time_ms
+from dlq_tools.parsing import Ref, parse_ref, parse_time_ms
 from dlq_tools.replay import Pacer, ReplayOptions
 from dlq_tools.stats import Stats
 from dlq_tools.transfer import ImportResult

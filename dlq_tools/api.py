@@ -17,10 +17,10 @@ import builtins
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from broker.errors import BadInput
 from broker.ids import split_task_id
+from broker.infra.connection import SyncRedis
 from broker.settings import Settings
 from dlq_tools import replay as replay_mod
 from dlq_tools import stats as stats_mod
@@ -46,7 +46,7 @@ class Page:
 class DeadLetters:
     """Inspect, replay, purge, export and import the dead-letter streams of one Reach deployment."""
 
-    def __init__(self, settings: Settings | None = None, *, redis_client: Any = None) -> None:
+    def __init__(self, settings: Settings | None = None, *, redis_client: SyncRedis | None = None) -> None:
         self.conn = Conn(settings or Settings.load(), redis_client)
         self.settings = self.conn.settings
 

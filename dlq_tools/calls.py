@@ -13,7 +13,7 @@ from typing import Any, Literal
 from broker.errors import BadInput
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, feed_args, wake_channel
+from broker.protocol.calls import ScriptCall, feed_args, policy_defaults, wake_channel
 from broker.settings import Settings
 from dlq_tools.models import Filter
 
@@ -83,9 +83,9 @@ def replay_call(
     reset_attempts: bool,
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.dlq, ck.queue, ck.events, ck.deadlines]
+    keys = [ck.dlq, ck.queue, ck.events, ck.deadlines, ck.policy]
     args: list[str | int | float] = [
-        settings.aging_ms, *feed_args(settings), capability, settings.max_queue_depth,
+        policy_defaults(settings, capability), *feed_args(settings), capability, "",
         "" if priority is None else priority, "1" if reset_attempts else "0", wake_channel(settings),
     ]
     for item in items:

@@ -20,7 +20,7 @@ from broker.settings import Settings
 class Conn:
     """Settings, a synchronous Redis client and the registered scripts, shared by every part."""
 
-    def __init__(self, settings: Settings, redis_client: Any = None) -> None:
+    def __init__(self, settings: Settings, redis_client: connection.SyncRedis | None = None) -> None:
         self.settings = settings
         self._own = redis_client is None
         self.redis: Any = redis_client or connection.sync_client(settings)

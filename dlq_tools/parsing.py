@@ -12,16 +12,13 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from broker.durations import parse_duration_ms
 from broker.errors import BadInput, InvalidTaskId
 from broker.ids import check_capability, split_task_id
 from broker.models import FailureReason
 
-_UNITS_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
-_PART_RE = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d|w)")
-_DURATION_RE = re.compile(r"^(?:\d+(?:\.\d+)?(?:ms|s|m|h|d|w))+\Z")
 _ENTRY_ID_RE = re.compile(r"^[0-9]{1,20}-[0-9]{1,20}\Z")  # (\d takes any Unicode digit)
 REASONS = tuple(r.value for r in FailureReason)
-MAX_DURATION_MS = 100 * 365 * 86_400_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,17 +64,6 @@ def entry_key(entry_id: str) -> tuple[int, int]:
     """A stream entry id as a sortable pair."""
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq or 0)
-
-
-def parse_duration_ms(text: str) -> int:
-    """`90s`, `15m`, `2h`, `7d`, `1h30m` ... as milliseconds."""
-    compact = text.strip().lower().replace(" ", "")
-    if not _DURATION_RE.match(compact):
-        raise BadInput(f"invalid duration {text!r}: use e.g. 30s, 15m, 2h, 7d or 1h30m")
-    total = sum(float(n) * _UNITS_MS[unit] for n, unit in _PART_RE.findall(compact))
-    if total <= 0 or total > MAX_DURATION_MS:
-        raise BadInput(f"invalid duration {text!r}: must be more than 0 and at most 100 years")
-    return round(total)
 
 
 def parse_time_ms(text: str, now_ms: int) -> int:

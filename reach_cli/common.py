@@ -11,12 +11,14 @@ import functools
 import json
 import logging
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from broker.errors import BadInput, ReachError
 from broker.infra import connection, outages
@@ -51,6 +53,42 @@ def read_redis(settings: Settings, read: Callable[[connection.SyncRedis], T]) ->
         raise outages.unavailable(exc, settings) from exc
     finally:
         client.close()
+
+
+def confirm(question: str, dry_run: bool, yes: bool) -> None:
+    """Ask before a destructive step (unless dry_run or yes); exit when refused, or when
+    there is no terminal to ask on (--yes is needed then)."""
+    if dry_run or yes:
+        return
+    if not sys.stdin.isatty():
+        fail(f"{question.rstrip('?')}: needs --yes (no terminal to confirm on)", EXIT_USAGE)
+    if not typer.confirm(question, default=False, err=True):
+        fail("aborted; nothing changed", EXIT_RUNTIME)
+
+
+@contextmanager
+def progress(total: int, label: str, show: bool) -> Iterator[Callable[..., None]]:
+    """A progress bar on stderr for a long run of `total` steps (a call per step advances it);
+    nothing when not shown, not on a terminal, or for fewer than two steps."""
+    if not show or not err_console.is_terminal or total < 2:
+        yield lambda *_: None
+        return
+    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  console=err_console, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda *_: bar.advance(task)
+
+
+def parse_json(text: str, what: str) -> Any:
+    """Strict JSON an operator typed (NaN and Infinity refused); exit 2 naming `what` else."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except ValueError as exc:
+        fail(f"{what} is not valid JSON: {exc}", EXIT_USAGE)
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not strict JSON")
 
 
 def print_json(value: Any) -> None:

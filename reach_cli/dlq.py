@@ -7,33 +7,31 @@ a replay that could not finish), 2 usage (bad flag, bad id, bad duration, confli
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from broker.retention import trim_all
 from dlq_tools import render
 from dlq_tools.api import DeadLetters
-from dlq_tools.models import Filter, Outcome, Report
+from dlq_tools.models import Filter, Report
 from dlq_tools.parsing import REASONS, parse_time_ms
 from dlq_tools.replay import DEFAULT_BATCH, DEFAULT_MAX_QUEUED, DEFAULT_RATE, ReplayOptions
 from reach_cli.common import (
     EXIT_RUNTIME,
-    EXIT_USAGE,
     ConfigOption,
     JsonOption,
     RedisUrlOption,
     cli_errors,
+    confirm,
     console,
-    err_console,
     fail,
     load_settings,
     print_json,
+    progress,
 )
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -66,26 +64,6 @@ def _filter(dlq: DeadLetters, capability: str | None, reason: str | None, since:
         since_ms=parse_time_ms(since, now) if since else None,
         until_ms=parse_time_ms(older_than, now) if older_than else None,
     )
-
-
-def _confirm(question: str, dry_run: bool, yes: bool) -> None:
-    if dry_run or yes:
-        return
-    if not sys.stdin.isatty():
-        fail(f"{question.rstrip('?')}: needs --yes (no terminal to confirm on)", EXIT_USAGE)
-    if not typer.confirm(question, default=False, err=True):
-        fail("aborted; nothing changed", EXIT_RUNTIME)
-
-
-@contextmanager
-def _progress(total: int, label: str, show: bool) -> Iterator[Callable[[Outcome], None]]:
-    if not show or not err_console.is_terminal or total < 2:
-        yield lambda _outcome: None
-        return
-    with Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                  console=err_console, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda _outcome: bar.advance(task)
 
 
 def _finish(report: Report, as_json: bool, strict: bool) -> None:
@@ -187,8 +165,8 @@ def replay(
         f = _filter(dlq, capability, reason, since, agent)
         targets = dlq.select(refs, f=f, everything=everything)
         if not refs and targets:
-            _confirm(f"Replay {len(targets)} dead letter(s) at up to {rate:g}/s?", dry_run, yes)
-        with _progress(len(targets), "replaying", not as_json and not dry_run) as step:
+            confirm(f"Replay {len(targets)} dead letter(s) at up to {rate:g}/s?", dry_run, yes)
+        with progress(len(targets), "replaying", not as_json and not dry_run) as step:
             report = dlq.replay(targets, options, on_outcome=step)
     _finish(report, as_json, strict=bool(refs))
 
@@ -209,8 +187,8 @@ def purge(
         f = _filter(dlq, capability, reason, since, agent, older_than)
         targets = dlq.select(refs, f=f, everything=everything)
         if not refs and targets:
-            _confirm(f"Delete {len(targets)} dead letter(s) for good?", dry_run, yes)
-        with _progress(len(targets), "purging", not as_json and not dry_run) as step:
+            confirm(f"Delete {len(targets)} dead letter(s) for good?", dry_run, yes)
+        with progress(len(targets), "purging", not as_json and not dry_run) as step:
             report = dlq.purge(targets, dry_run=dry_run, on_outcome=step)
     _finish(report, as_json, strict=bool(refs))
 

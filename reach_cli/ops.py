@@ -75,8 +75,10 @@ def queues(
                    "oldest", "agents (healthy)"):
         table.add_column(column)
     for row in rows:
+        paused = f" [yellow]paused[/yellow]{f' ({row.paused_reason})' if row.paused_reason else ''}" \
+            if row.paused else ""
         table.add_row(
-            row.capability, str(row.queued), str(row.max_queue_depth), str(row.delayed),
+            row.capability + paused, str(row.queued), str(row.max_queue_depth), str(row.delayed),
             str(row.unread_in_inboxes), str(row.running), str(row.dead_letters),
             f"{row.oldest_queued_age_s:.1f}s" if row.oldest_queued_age_s is not None else "-",
             f"{row.agents} ({row.healthy_agents})",

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from datetime import datetime
+from typing import Annotated
 
 import typer
 
 from broker import ReachClient, SubmitOptions, TaskFailed
+from broker.durations import parse_duration_ms
 from broker.models import TaskStatus
+from broker.ops.cancel import CancelReport
+from broker.protocol.submit import build_submit_request
+from broker.settings import Settings
 from reach_cli.common import (
     EXIT_RUNTIME,
     EXIT_USAGE,
@@ -16,22 +21,14 @@ from reach_cli.common import (
     JsonOption,
     RedisUrlOption,
     cli_errors,
+    confirm,
     console,
     fail,
     load_settings,
+    parse_json,
     print_json,
+    progress,
 )
-
-
-def _parse_json(text: str, what: str) -> Any:
-    try:
-        return json.loads(text, parse_constant=_refuse)
-    except ValueError as exc:
-        fail(f"{what} is not valid JSON: {exc}", EXIT_USAGE)
-
-
-def _refuse(name: str) -> Any:
-    raise ValueError(f"{name} is not strict JSON")
 
 
 def _show_status(status: TaskStatus, as_json: bool) -> None:
@@ -57,19 +54,27 @@ def submit(
     deadline_s: Annotated[float | None, typer.Option(help="Whole-task deadline from now")] = None,
     trace_id: Annotated[str | None, typer.Option()] = None,
     metadata: Annotated[str | None, typer.Option(help="JSON object")] = None,
+    delay: Annotated[str | None, typer.Option(help="Queue it after this long, e.g. 30s")] = None,
+    at: Annotated[str | None, typer.Option(help="Queue it at this time (ISO 8601 with a zone)")] = None,
     as_json: JsonOption = False,
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
     """Submit a task; print its id (or, with --wait, its result)."""
-    body = _parse_json(payload, "payload")
-    meta = _parse_json(metadata, "--metadata") if metadata is not None else None
-    with ReachClient(load_settings(config, redis_url)) as client:
-        handle = client.submit(capability, body, SubmitOptions(
-            priority=priority, session_id=session_id, region=region,
-            idempotency_key=idempotency_key, timeout_s=timeout_s, deadline_s=deadline_s,
-            trace_id=trace_id, metadata=meta,
-        ))
+    body = parse_json(payload, "payload")
+    meta = parse_json(metadata, "--metadata") if metadata is not None else None
+    options = SubmitOptions(
+        priority=priority, session_id=session_id, region=region, idempotency_key=idempotency_key,
+        timeout_s=timeout_s, deadline_s=deadline_s, trace_id=trace_id, metadata=meta,
+        delay_s=parse_duration_ms(delay, "--delay") / 1000 if delay else None,
+        at=_aware(at) if at else None)
+    settings = load_settings(config, redis_url)
+    build_submit_request(settings, capability, body, options)  # (bad input: one line, no warning)
+    with ReachClient(settings) as client:
+        warning = client.served_warning(capability)
+        if warning:
+            typer.echo(f"warning: {warning}", err=True)
+        handle = client.submit(capability, body, options)
         if not wait:
             if as_json:
                 print_json({"task_id": handle.task_id, "created": handle.created})
@@ -119,14 +124,41 @@ def result(
         typer.echo(json.dumps(value, ensure_ascii=False, indent=2))
 
 
+def _aware(text: str) -> datetime:
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--at {text!r} is not an ISO 8601 time (e.g. 2026-12-24T18:00:00+01:00)", EXIT_USAGE)
+    if moment.tzinfo is None:
+        fail(f"--at {text!r} has no timezone: add one (Z, +01:00)", EXIT_USAGE)
+    return moment
+
+
 @cli_errors
 def cancel(
-    task_id: Annotated[str, typer.Argument()],
+    task_id: Annotated[str | None, typer.Argument(help="A task id (or many: --capability)")] = None,
+    capability: Annotated[str | None, typer.Option(
+        "--capability", "-c", help="Cancel this capability's tasks")] = None,
+    states: Annotated[list[str] | None, typer.Option(
+        "--state", help="queued, scheduled, retrying or running (repeatable)")] = None,
+    older_than: Annotated[str | None, typer.Option(help="Only tasks created longer ago, e.g. 1h")] = None,
+    dry_run: Annotated[bool, typer.Option(
+        "--dry-run", help="Say what would be canceled; change nothing")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation")] = False,
     as_json: JsonOption = False,
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Cancel a task wherever it is (queued, waiting for a retry, or running)."""
+    """Cancel a task wherever it is (queued, waiting for a retry, or running), or many at once."""
+    if (task_id is None) == (capability is None):
+        fail("give a task id, or --capability (with --state / --older-than) for many", EXIT_USAGE)
+    if capability is not None:
+        older = parse_duration_ms(older_than, "--older-than") / 1000 if older_than else None
+        cancel_many(load_settings(config, redis_url), capability, states or [], older, dry_run, yes, as_json)
+        return
+    if states or older_than or dry_run:
+        fail("--state, --older-than and --dry-run select many tasks: give --capability", EXIT_USAGE)
+    assert task_id is not None
     with ReachClient(load_settings(config, redis_url)) as client:
         canceled = client.cancel(task_id)
         state = client.status(task_id).state.value
@@ -136,3 +168,31 @@ def cancel(
         typer.echo(f"{task_id} canceled")
     else:
         typer.echo(f"{task_id} had already ended ({state}); nothing to cancel")
+
+
+def cancel_many(settings: Settings, capability: str, states: list[str], older_than_s: float | None,
+                dry_run: bool, yes: bool, as_json: bool) -> None:
+    """`reach cancel --capability ...`: find the tasks, confirm, cancel them with a progress bar."""
+    with ReachClient(settings) as client:
+        found = client.cancel_many(capability, states, older_than_s, dry_run=True)
+        if dry_run or not found.task_ids:
+            _show_cancel(found, as_json, dry_run=True)
+            return
+        confirm(f"Cancel {found.matched} task(s) of {capability}?", False, yes)
+        with progress(found.matched, "canceling", not as_json) as step:
+            report = client.cancel_tasks(found.task_ids, step)
+    _show_cancel(report, as_json, dry_run=False)
+
+
+def _show_cancel(report: CancelReport, as_json: bool, dry_run: bool) -> None:
+    if as_json:
+        print_json({**report.as_dict(), "dry_run": dry_run,
+                    **({"task_ids": report.task_ids} if dry_run else {})})
+    elif dry_run:
+        console.print(f"{report.matched} task(s) would be canceled (dry run: nothing changed)")
+        for task_id in report.task_ids[:20]:
+            console.print(f"  {task_id}")
+        if report.matched > 20:
+            console.print(f"  … and {report.matched - 20} more")
+    else:
+        console.print(f"{report.canceled} canceled, {report.ended} had ended already")

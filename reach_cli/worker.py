@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from agent_worker.worker import Worker
 
 from agent_worker.handlers import resolve_bindings
+from agent_worker.worker import Worker
 from broker.infra import eventloop
 from broker.settings import Settings
 from reach_cli.common import EXIT_USAGE, cli_errors, fail, run_app, setup_logging

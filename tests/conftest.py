@@ -74,7 +74,7 @@ def _targets() -> list[str]:
 
 # The suites that also run on the cluster target (issue 8 names them).
 CLUSTER_SUITES = {"test_delivery", "test_registry", "test_agent_lifecycle", "test_reliability",
-                  "test_dlq", "test_handoff"}
+                  "test_dlq", "test_handoff", "test_policy_scripts"}
 
 _embedded: EmbeddedRedis | None = None
 _cluster: Any = None

@@ -223,3 +223,9 @@ async def dies(ctx: TaskContext, payload: Any) -> Any:
     """Kills its worker process at once, before the start of the attempt can be recorded."""
     count_run(str(payload["n"]))
     os._exit(3)
+
+
+async def record_due(ctx: TaskContext, payload: Any) -> Any:
+    """Appends the due time of the schedule that made the task (its metadata) to a list."""
+    _redis().rpush(f"{os.environ['REACH_PREFIX']}:test:dues", str(ctx.metadata.get("due_at")))
+    return {"due_at": ctx.metadata.get("due_at")}

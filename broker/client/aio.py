@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
-from broker.client.common import CANCEL_FOLLOWS, batches, requests_for, task_keys
+from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story, message_is_terminal
 from broker.client.listener import TaskListener
 from broker.errors import QueueFull, UnknownTask
@@ -26,6 +26,7 @@ from broker.ids import split_task_id
 from broker.infra import connection, outages
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
+from broker.ops.cancel import CANCEL_FOLLOWS
 from broker.protocol import lifecycle
 from broker.protocol.calls import Status
 from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
@@ -61,13 +62,15 @@ class AsyncTaskHandle:
 
 
 class AsyncReachClient:
-    def __init__(self, settings: Settings | None = None, *, redis_client: Any = None) -> None:
+    def __init__(self, settings: Settings | None = None, *,
+                 redis_client: connection.AsyncRedis | None = None) -> None:
         self.settings = settings or Settings.load()
-        self._redis: Any = redis_client or connection.async_client(self.settings)
+        self._redis = redis_client or connection.async_client(self.settings)
         self._scripts = AsyncScripts(self._redis)
         self._channels = Channels(self.settings.prefix)
         self._listener: TaskListener | None = None
         self._known_capabilities: set[str] = set()
+        self._fleet = FleetPolicy()
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> AsyncReachClient:
@@ -107,10 +110,12 @@ class AsyncReachClient:
         handles: list[AsyncTaskHandle] = []
         with self._errors():
             if capability not in self._known_capabilities:
-                await self._redis.sadd(RegistryKeys(self.settings.prefix).capabilities, capability)
-                self._known_capabilities.add(capability)
+                await self._remember_capability(capability)
+            if self._fleet.stale():
+                with contextlib.suppress(*outages.TRANSIENT_ERRORS):  # (the last one stands)
+                    self._fleet.take(await self._redis.hgetall(RegistryKeys(self.settings.prefix).policy))
             for batch in batches(requests):
-                call = submit_call(self.settings, batch)
+                call = submit_call(self.settings, batch, self._fleet.fields)
                 reply = await outages.async_write_with_retry(functools.partial(self._scripts, call))
                 try:
                     rows = parse_submit(capability, self.settings.max_queue_depth, reply)
@@ -119,6 +124,17 @@ class AsyncReachClient:
                     raise
                 handles += [AsyncTaskHandle(self, task_id, created) for task_id, created in rows]
         return handles
+
+    async def _remember_capability(self, capability: str) -> None:
+        rk = RegistryKeys(self.settings.prefix)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.sadd(rk.capabilities, capability)
+        pipe.sismember(rk.served, capability)
+        served: Any = (await pipe.execute())[1]
+        self._known_capabilities.add(capability)
+        if not served:
+            names: Any = await self._redis.smembers(rk.served)
+            log.warning("%s", unserved_warning(capability, names))
 
     async def get(self, task_id: str) -> AsyncTaskHandle:
         ck, local = self._keys(task_id)
@@ -130,7 +146,7 @@ class AsyncReachClient:
     async def status(self, task_id: str) -> TaskStatus:
         ck, local = self._keys(task_id)
         with self._errors():
-            record = await self._redis.hgetall(ck.task(local))
+            record: Any = await self._redis.hgetall(ck.task(local))
         if not record:
             raise UnknownTask(task_id)
         return TaskStatus.from_record(record)
@@ -230,7 +246,7 @@ class AsyncReachClient:
     async def cancel(self, task_id: str) -> bool:
         ck, local = self._keys(task_id)
         with self._errors():
-            agent = await self._redis.hget(ck.task(local), "agent_id") or ""
+            agent: Any = await self._redis.hget(ck.task(local), "agent_id") or ""
             for _ in range(CANCEL_FOLLOWS):
                 reply = lifecycle.parse_cancel(
                     await self._scripts(lifecycle.cancel_call(self.settings, task_id, agent)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from broker import codec
+from broker.infra.connection import SyncRedis
 from broker.models import TERMINAL_EVENTS, TaskEvent
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "canceled"})
@@ -28,9 +29,9 @@ def message_is_terminal(message: str) -> bool:
     return len(parts) > 1 and parts[1] in TERMINAL_EVENTS
 
 
-def read_events(client: Any, task_key: str, task_id: str) -> list[TaskEvent]:
+def read_events(client: SyncRedis, task_key: str, task_id: str) -> list[TaskEvent]:
     """Every event of a task, from its record (synchronous client; [] if the record is gone)."""
-    record = client.hgetall(task_key)
+    record: Any = client.hgetall(task_key)
     return events_of_record(record, task_id)
 
 

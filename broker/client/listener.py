@@ -26,7 +26,7 @@ _CLOSE_TIMEOUT_S = 2.0
 
 
 class TaskListener:
-    def __init__(self, client: Any) -> None:
+    def __init__(self, client: connection.AsyncRedis) -> None:
         self._client = client
         self._pubsub: Any = None
         self._stale = False  # the pubsub failed: open a new one before using it again

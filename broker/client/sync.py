@@ -16,20 +16,27 @@ from __future__ import annotations
 import contextlib
 import functools
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
-from broker.client.common import CANCEL_FOLLOWS, batches, requests_for, task_keys
+from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
 from broker.infra import connection, outages
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
+from broker.ops import policy as policies
+from broker.ops import schedules
+from broker.ops.cancel import CancelReport, cancel_all, cancel_one, select
+from broker.policy import Policy
 from broker.protocol import lifecycle
 from broker.protocol.calls import Status
+from broker.protocol.policy import Change
 from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
+from broker.registry import clock_of
+from broker.schedule import Schedule
 from broker.scripts import Scripts
 from broker.settings import Settings
 
@@ -83,12 +90,14 @@ class TaskHandle:
 class ReachClient:
     """Submit tasks by capability and read their outcome. Thread-safe."""
 
-    def __init__(self, settings: Settings | None = None, *, redis_client: Any = None) -> None:
+    def __init__(self, settings: Settings | None = None, *,
+                 redis_client: connection.SyncRedis | None = None) -> None:
         self.settings = settings or Settings.load()
-        self._redis: Any = redis_client or connection.sync_client(self.settings)
+        self._redis = redis_client or connection.sync_client(self.settings)
         self._scripts = Scripts(self._redis)
         self._channels = Channels(self.settings.prefix)
         self._known_capabilities: set[str] = set()
+        self._fleet = FleetPolicy()
 
     @classmethod
     def from_url(cls, url: str, **overrides: Any) -> ReachClient:
@@ -139,8 +148,9 @@ class ReachClient:
         handles: list[TaskHandle] = []
         with self._errors():
             self._remember_capability(capability)
+            fleet = self._fleet_policy()
             for batch in batches(requests):
-                call = submit_call(self.settings, batch)
+                call = submit_call(self.settings, batch, fleet)
                 # Retrying is safe: the script refuses to create a task id twice.
                 reply = outages.write_with_retry(functools.partial(self._scripts, call))
                 try:
@@ -153,10 +163,35 @@ class ReachClient:
                             for task_id, created in rows]
         return handles
 
+    def _fleet_policy(self) -> dict[str, Any]:
+        """(A fallback's read: when Redis is away the last one stands, and the write rides
+        out the outage.)"""
+        if self._fleet.stale():
+            with contextlib.suppress(*outages.TRANSIENT_ERRORS):
+                self._fleet.take(self._redis.hgetall(RegistryKeys(self.settings.prefix).policy))
+        return self._fleet.fields
+
     def _remember_capability(self, capability: str) -> None:
         if capability not in self._known_capabilities:
-            self._redis.sadd(RegistryKeys(self.settings.prefix).capabilities, capability)
-            self._known_capabilities.add(capability)
+            warning = self.served_warning(capability)
+            if warning:
+                log.warning("%s", warning)
+
+    def served_warning(self, capability: str) -> str | None:
+        """A warning when no agent has ever served the capability (said once per client and
+        capability: None the next times)."""
+        if capability in self._known_capabilities:
+            return None
+        rk = RegistryKeys(self.settings.prefix)
+        pipe = self._redis.pipeline(transaction=False)
+        pipe.sadd(rk.capabilities, capability)
+        pipe.sismember(rk.served, capability)
+        served: Any = pipe.execute()[1]
+        self._known_capabilities.add(capability)
+        if served:
+            return None
+        names: Any = self._redis.smembers(rk.served)
+        return unserved_warning(capability, names)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -171,7 +206,7 @@ class ReachClient:
     def status(self, task_id: str) -> TaskStatus:
         ck, local = self._keys(task_id)
         with self._errors():
-            record = self._redis.hgetall(ck.task(local))
+            record: Any = self._redis.hgetall(ck.task(local))
         if not record:
             raise UnknownTask(task_id)
         return TaskStatus.from_record(record)
@@ -269,18 +304,69 @@ class ReachClient:
     def cancel(self, task_id: str) -> bool:
         """Cancel a task wherever it is. True if this call canceled it, False if it had already
         ended; UnknownTask if Redis does not know it."""
-        ck, local = self._keys(task_id)
+        self._keys(task_id)
         with self._errors():
-            agent = self._redis.hget(ck.task(local), "agent_id") or ""
-            for _ in range(CANCEL_FOLLOWS):
-                call = lifecycle.cancel_call(self.settings, task_id, agent)
-                reply = lifecycle.parse_cancel(self._scripts(call))
-                if reply.status is not Status.MOVED:
-                    break
-                agent = reply.detail  # it moved to another agent meanwhile: follow it
+            reply = cancel_one(self._redis, self._scripts, self.settings, task_id)
         if reply.status is Status.GONE:
             raise UnknownTask(task_id)
         return reply.status is Status.CANCELED
+
+    def cancel_many(self, capability: str, states: Iterable[str] = (), older_than_s: float | None = None,
+                    *, dry_run: bool = False, progress: Callable[[int], None] | None = None) -> CancelReport:
+        """Cancel the capability's unfinished tasks in `states` (queued, scheduled, retrying,
+        running; all when none are given), created more than older_than_s ago if that is
+        given. dry_run: only find them."""
+        with self._errors():
+            now = clock_of(self._redis, CapabilityKeys(self.settings.prefix, capability).queue)
+            older = None if older_than_s is None else round(older_than_s * 1000)
+            task_ids = select(self._redis, self.settings, capability, states, older, now)
+        if dry_run:
+            return CancelReport(matched=len(task_ids), task_ids=task_ids)
+        return self.cancel_tasks(task_ids, progress)
+
+    def cancel_tasks(self, task_ids: list[str],
+                     progress: Callable[[int], None] | None = None) -> CancelReport:
+        """Cancel each task (cancel() for many; `progress` is called once per task)."""
+        with self._errors():
+            return cancel_all(self._redis, self._scripts, self.settings, task_ids, progress)
+
+    # -- policy and schedules (broker/policy.py, broker/schedule.py) ------------------------
+
+    def policy(self, capability: str | None = None) -> Policy:
+        """A capability's effective policy (None: the fleet's defaults), with sources."""
+        with self._errors():
+            return policies.read(self._redis, self.settings, capability)
+
+    def set_policy(self, capability: str | None, who: str | None = None, **fields: Any) -> list[Change]:
+        """Set policy fields of a capability (None: the fleet's defaults); returns the changes."""
+        with self._errors():
+            return policies.set_fields(self._redis, self._scripts, self.settings, capability, fields, who)
+
+    def reset_policy(self, capability: str | None, *fields: str, who: str | None = None) -> list[Change]:
+        """Reset fields (all when none are named) to what they inherit."""
+        with self._errors():
+            return policies.reset_fields(self._redis, self._scripts, self.settings, capability, fields, who)
+
+    def policy_history(self, capability: str | None, count: int = 100) -> list[dict[str, Any]]:
+        """The latest policy changes, newest first (field, old, new, who, at, change)."""
+        with self._errors():
+            return policies.history(self._redis, self.settings, capability, count)
+
+    def pause(self, capability: str, reason: str = "") -> list[Change]:
+        """Nothing of the capability starts until resume(); submits still queue."""
+        return self.set_policy(capability, paused=True, paused_reason=reason)
+
+    def resume(self, capability: str) -> list[Change]:
+        return self.set_policy(capability, paused=False, paused_reason="")
+
+    def add_schedule(self, schedule: Schedule) -> Schedule:
+        with self._errors():
+            return schedules.add(self._redis, self.settings, schedule)
+
+    def schedules(self) -> list[tuple[Schedule, int]]:
+        """Every schedule, with the time it last fired (ms)."""
+        with self._errors():
+            return schedules.list_all(self._redis, self.settings)
 
     # -- helpers ----------------------------------------------------------------------------
 

@@ -22,11 +22,18 @@ local INBOX_PAYLOAD_MAX = 16384
 local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadline_at', 'payload',
                          'timeout_ms', 'trace_id', 'session_id', 'metadata', 'max_attempts'}
 
+-- A task's own setting (a record field the producer gave), else the policy's.
+local function own_or(value, policy_value)
+  if value and value ~= '' and value ~= '0' then return value end
+  return jint(policy_value)
+end
+
 -- Hand a task to an agent's inbox as a new delivery: `f` is its record's DELIVERY_FIELDS (as
 -- HMGET returned them), `h` the HSET arguments of the change so far (deliver adds its own and
--- writes them). The record keeps the entry's id (`entry`), so a cancel can take an unread entry
--- back. Returns the new fence.
-local function deliver(c, task_key, f, h, inbox, agent, local_id, now_s, why, extra)
+-- writes them), `p` the capability's policy (an attempt's timeout and the attempts allowed,
+-- unless the task names its own). The record keeps the entry's id (`entry`), so a cancel can
+-- take an unread entry back. Returns the new fence.
+local function deliver(c, p, task_key, f, h, inbox, agent, local_id, now_s, why, extra)
   -- (the fence as text once: every number handed to redis.call or concatenated is a printf)
   local fence = tostring((tonumber(f[2]) or 0) + 1)
   local attempt = f[4] or '0'
@@ -34,8 +41,9 @@ local function deliver(c, task_key, f, h, inbox, agent, local_id, now_s, why, ex
   local entry
   if #payload <= INBOX_PAYLOAD_MAX then
     entry = redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence, 'p', payload,
-      'x', (tonumber(attempt) + 1) .. '|' .. (f[9] or '0') .. '|' .. (f[7] or '0') .. '|' ..
-      (f[13] or '1') .. '|' .. (f[10] or '') .. '|' .. (f[11] or '') .. '|' .. (f[12] or ''))
+      'x', (tonumber(attempt) + 1) .. '|' .. own_or(f[9], p.timeout_ms) .. '|' .. (f[7] or '0') ..
+      '|' .. own_or(f[13], p.max_attempts) .. '|' .. (f[10] or '') .. '|' .. (f[11] or '') .. '|' ..
+      (f[12] or ''))
   else
     entry = redis.call('XADD', inbox, '*', 'id', local_id, 'fence', fence)
   end

@@ -8,13 +8,16 @@
 -- cold agent (`low` = '1'), at the first task above the cold start priority. A pulled task's
 -- record names the pull (`explain`: `round|pull|score|`).
 
--- Pull up to `freed` tasks for `agent` (its pull text `pull`, its inbox holding `unread`
--- unread entries): `p` = {queue, dlq, task_prefix, low_max}. Returns how many were delivered.
-local function pull_ready(c, p, agent, inbox, pull, freed, unread, now, now_s)
-  local most, round, score, low = string.match(pull, '^(%d+)|([^|]*)|([^|]*)|([^|]*)$')
-  local room = 0
-  if most then room = math.min(freed, tonumber(most) - unread) end
-  if room <= 0 then return 0 end
+-- The most unread entries a pull lets the agent's inbox hold (0 for a pull that does not parse).
+local function pull_limit(pull)
+  return tonumber(string.match(pull, '^(%d+)|')) or 0
+end
+
+-- Pull up to `room` tasks for `agent` (its pull text `pull`): `p` = {queue, dlq, task_prefix,
+-- low_max, policy}. Returns how many were delivered.
+local function pull_ready(c, p, agent, inbox, pull, room, now, now_s)
+  local _, round, score, low = string.match(pull, '^(%d+)|([^|]*)|([^|]*)|([^|]*)$')
+  if room <= 0 or not round then return 0 end
   local why = (round or '') .. '|pull|' .. (score or '') .. '|'
   local head = redis.call('ZRANGE', p.queue, 0, room - 1, 'WITHSCORES')
   local pulled = 0
@@ -32,7 +35,7 @@ local function pull_ready(c, p, agent, inbox, pull, freed, unread, now, now_s)
       fail_task(c, load_task(task_key, {'state'}), p.dlq, 'expired',
         'deadline passed while queued', nil, now)
     else
-      deliver(c, task_key, f, {}, inbox, agent, local_id, now_s, why, ',"pull":true')
+      deliver(c, p.policy, task_key, f, {}, inbox, agent, local_id, now_s, why, ',"pull":true')
       pulled = pulled + 1
     end
   end

@@ -4,6 +4,7 @@
 --   free <cap> <agent> <len> <pending> <failures> <n> <exec ms> <pulled>
 --   took <cap> <agent> <len> <pending> <n> <left>
 --   agent <agent>
+--   policy <cap>
 
 local function wake_task(channel, cap)
   redis.call('PUBLISH', channel, 'task ' .. cap)
@@ -21,4 +22,9 @@ end
 
 local function wake_agent(channel, agent)
   redis.call('PUBLISH', channel, 'agent ' .. agent)
+end
+
+-- policy <cap>: a capability's policy changed ('*': the fleet's defaults).
+local function wake_policy(channel, cap)
+  redis.call('PUBLISH', channel, 'policy ' .. cap)
 end

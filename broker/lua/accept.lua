@@ -1,10 +1,12 @@
 -- accept: an agent takes tasks it read from its inbox and starts running them.
 -- KEYS[1] the agent's inbox   KEYS[2] dead-letter stream   KEYS[3] capability event feed
--- KEYS[4] agent tokens hash   then KEYS[5+i] the task hash of task i
+-- KEYS[4] agent tokens hash   KEYS[5] capability stats hash   KEYS[6] policy hash
+-- then KEYS[7+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] task channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] '1' when the agent started the tasks already (from what their
 -- inbox entries carry: this call only records it), '0' when it waits for this reply to start
--- them   then for task i: ARGV[7+2i] inbox entry id, ARGV[8+2i] fencing token
+-- them   ARGV[7] policy defaults (see _policy.lua)
+-- then for task i: ARGV[8+2i] inbox entry id, ARGV[9+2i] fencing token
 -- Only the delivery the task currently expects (same agent, same fence, state dispatched) may
 -- start; any other entry is a stale copy and is acknowledged away without running.
 -- Returns {'refused'} for a bad token, else for each task 10 values: status ('ok', 'gone',
@@ -16,7 +18,9 @@ local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} end
 local started = ARGV[6] == '1'
-local n = #KEYS - 4
+local n = #KEYS - 6
+local stats = KEYS[5]
+local p = load_policy(KEYS[6], ARGV[7])
 local now = now_ms()
 local out = {}
 local token_sha = redis.sha1hex(ARGV[2])
@@ -30,8 +34,8 @@ end
 local function row(status, t)
   out[#out + 1] = status
   if status == 'ok' and not started then
-    local r = {t.payload, t.attempt, t.timeout_ms, t.deadline_at, t.trace_id, t.session_id,
-               t.metadata, t.max_attempts, t.id}
+    local r = {t.payload, t.attempt, own_or(t.timeout_ms, p.timeout_ms), t.deadline_at, t.trace_id,
+               t.session_id, t.metadata, own_or(t.max_attempts, p.max_attempts), t.id}
     for j = 1, 9 do out[#out + 1] = r[j] or '' end
   else
     for _ = 1, 9 do out[#out + 1] = '' end
@@ -40,7 +44,7 @@ end
 
 local function drop(entry)
   redis.call('XACK', inbox, AGENT_GROUP, entry)
-  redis.call('XDEL', inbox, entry)
+  count_active(stats, -redis.call('XDEL', inbox, entry))
 end
 
 local function start(t)
@@ -49,8 +53,8 @@ local function start(t)
 end
 
 for i = 0, n - 1 do
-  local entry, fence = ARGV[7 + 2 * i], ARGV[8 + 2 * i]
-  local t = load_task(KEYS[5 + i], names)
+  local entry, fence = ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local t = load_task(KEYS[7 + i], names)
   local mine = t.fence == fence and t.agent_id == agent
   if not t.state then
     drop(entry)
@@ -61,7 +65,7 @@ for i = 0, n - 1 do
   elseif t.state == 'running' and mine then
     -- Accepted by an earlier incarnation of this agent id, which died while running it. This
     -- is a new attempt (so a task that kills its worker every time still ends in the DLQ).
-    if tonumber(t.attempt) >= tonumber(t.max_attempts) then
+    if tonumber(t.attempt) >= (tonumber(t.max_attempts) or p.max_attempts) then
       drop(entry)
       fail_task(c, t, KEYS[2], 'retries_exhausted',
         'the agent restarted while running the task, ' .. t.attempt .. ' time(s)', agent, now)

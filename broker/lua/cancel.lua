@@ -1,6 +1,7 @@
 -- cancel: end a task that has not finished, wherever it is.
 -- KEYS[1] queue zset   KEYS[2] delayed zset   KEYS[3] task hash   KEYS[4] capability event feed
 -- KEYS[5] the inbox of the agent the caller saw holding the task ('' key name for none)
+-- KEYS[6] capability stats hash
 -- ARGV[1] local id   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] result ttl ms
 -- ARGV[5] the agent the caller saw holding the task ('' for none)   ARGV[6] that agent's control
 -- channel
@@ -26,7 +27,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 if state == 'dispatched' and t.entry then
   -- Unread? Then take it out of the inbox. (Read ones stay: the agent finishes them off.)
   if #redis.call('XPENDING', KEYS[5], AGENT_GROUP, t.entry, t.entry, 1) == 0 then
-    redis.call('XDEL', KEYS[5], t.entry)
+    count_active(KEYS[6], -redis.call('XDEL', KEYS[5], t.entry))
   end
 end
 local now = now_ms()

@@ -6,14 +6,14 @@
 -- KEYS[1] the agent's inbox   KEYS[2] delayed zset   KEYS[3] dead-letter stream
 -- KEYS[4] capability event feed   KEYS[5] agent tokens hash   KEYS[6] agent health hash
 -- KEYS[7] ready queue zset   KEYS[8] pulls hash   KEYS[9] capability stats hash
--- KEYS[10] grants list   KEYS[11] granted hash (see grant.lua)
--- then KEYS[12+i] the task hash of task i
+-- KEYS[10] grants list   KEYS[11] granted hash (see grant.lua)   KEYS[12] policy hash
+-- KEYS[13] rate bucket   then KEYS[14+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] task channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] capability   ARGV[7] latency ceiling ms (0: none)
 -- ARGV[8] the highest priority a cold agent's pull may take (cold_start_max_priority)
 -- ARGV[9] task key prefix (a pulled task's record is that plus its local id, in this slot)
--- ARGV[10] wake channel
--- then for task i, 6 values from ARGV[11+6i]: inbox entry id, fencing token, outcome
+-- ARGV[10] wake channel   ARGV[11] policy defaults (see _policy.lua)
+-- then for task i, 6 values from ARGV[12+6i]: inbox entry id, fencing token, outcome
 --   ('success', 'invalid_request', 'failure', 'bad_result', 'retryable_failure'),
 --   body (result JSON on success, else the error text), retry backoff ms, execution ms
 -- Returns {'refused'} for a bad token, else {inbox length, inbox pending, tasks pulled,
@@ -21,11 +21,12 @@
 local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'refused'} end
-local n = #KEYS - 11
-local health, ceiling = KEYS[6], tonumber(ARGV[7])
+local n = #KEYS - 13
+local health, ceiling, stats = KEYS[6], tonumber(ARGV[7]), KEYS[9]
+local p = load_policy(KEYS[12], ARGV[11])
 local now = now_ms()
 local sha = nil
-local r = {agent = agent, now = now, now_s = jint(now),
+local r = {agent = agent, now = now, now_s = jint(now), max_attempts = p.max_attempts,
            token_sha = function() sha = sha or redis.sha1hex(ARGV[2]); return sha end}
 local statuses, entries = {}, {}
 local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their execution time
@@ -34,11 +35,11 @@ local h = {succeeded = false, failures = 0, failed_any = false, slow_reset = fal
 local oks, by_grant = 0, 0  -- successes, and those of tasks that came by grant (credits)
 
 for i = 0, n - 1 do
-  local a = 11 + 6 * i
+  local a = 12 + 6 * i
   entries[i + 1] = ARGV[a]
   r.fence, r.outcome, r.body = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   r.backoff, r.exec_ms = tonumber(ARGV[a + 4]), ARGV[a + 5]
-  local status, f = apply_outcome(c, r, KEYS[12 + i], KEYS[3], KEYS[2])
+  local status, f = apply_outcome(c, r, KEYS[14 + i], KEYS[3], KEYS[2])
   if status == 'ok' then
     oks = oks + 1
     -- (`round|why|score|eligible`: only `why` can read 'grant'; a plain find, on a drain's path)
@@ -54,7 +55,7 @@ end
 
 if n > 0 then
   redis.call('XACK', inbox, AGENT_GROUP, unpack(entries))
-  redis.call('XDEL', inbox, unpack(entries))
+  count_active(stats, -redis.call('XDEL', inbox, unpack(entries)))
 end
 
 -- A pull needs a success that left no failure after it (the agent's circuit is closed); whether
@@ -72,14 +73,19 @@ local pulled = 0
 if pull and ceiling > 0 and tonumber(redis.call('HGET', health, 'cs:' .. agent) or '0') > 0 then
   pull = nil
 end
-if pull and redis.call('HEXISTS', KEYS[5], DRAINING .. agent) == 1 then pull = nil end
+if pull and (p.paused or redis.call('HEXISTS', KEYS[5], DRAINING .. agent) == 1) then pull = nil end
 if pull then
-  local p = {queue = KEYS[7], dlq = KEYS[3], task_prefix = ARGV[9], low_max = tonumber(ARGV[8])}
-  pulled = pull_ready(c, p, agent, inbox, pull, timed, len - pending, now, r.now_s)
+  local want = math.max(0, math.min(timed, pull_limit(pull) - (len - pending), room_to_run(stats, p)))
+  local tokens = take_tokens(KEYS[13], p, want, now)
+  local pp = {queue = KEYS[7], dlq = KEYS[3], task_prefix = ARGV[9], low_max = tonumber(ARGV[8]),
+              policy = p}
+  pulled = pull_ready(c, pp, agent, inbox, pull, tokens, now, r.now_s)
+  give_back_tokens(KEYS[13], p, tokens - pulled)
   if pulled > 0 then
     len = len + pulled
-    redis.call('HINCRBY', KEYS[9], 'dispatched', pulled)
-    redis.call('HINCRBY', KEYS[9], 'pulled', pulled)
+    redis.call('HINCRBY', stats, 'dispatched', pulled)
+    redis.call('HINCRBY', stats, 'pulled', pulled)
+    count_active(stats, pulled)
   end
 end
 flush_feed(c)

@@ -3,10 +3,10 @@
 -- neither lose one nor queue one twice. The task keeps its id, history and fencing token; it gets
 -- a fresh attempt count (unless asked to keep it), a `replayed` event and a `queued` event.
 -- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
--- KEYS[4] deadlines zset (when expire.lua looks at a task)
--- then KEYS[5+i] the task hash of entry i (0-based)
--- ARGV[1] aging ms   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] capability
--- ARGV[5] max queue depth   ARGV[6] priority 0-9 ('' keeps each task's own)
+-- KEYS[4] deadlines zset (when expire.lua looks at a task)   KEYS[5] policy hash (aging, the
+-- queue's depth limit)   then KEYS[6+i] the task hash of entry i (0-based)
+-- ARGV[1] policy defaults   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] capability
+-- ARGV[5] (unused)   ARGV[6] priority 0-9 ('' keeps each task's own)
 -- ARGV[7] '1' resets the attempt count, '0' keeps it   ARGV[8] wake channel
 -- then for entry i, 4 values from ARGV[9+4i]: dead-letter entry id, task id, local id, the
 --   entry's history as event JSON texts joined by newlines (used only to rebuild the task's
@@ -22,9 +22,10 @@
 -- 'corrupt' (the record is gone and the entry's copy of it is unusable).
 local c = context(KEYS[3], ARGV[2], ARGV[3], 0)
 local dlq, queue = KEYS[1], KEYS[2]
-local aging, max_depth = tonumber(ARGV[1]), tonumber(ARGV[5])
+local p = load_policy(KEYS[5], ARGV[1])
+local aging, max_depth = p.aging, p.max_depth
 local reset = ARGV[7] == '1'
-local n = #KEYS - 4
+local n = #KEYS - 5
 local now = now_ms()
 local depth = redis.call('ZCARD', queue)
 local out = {}
@@ -71,7 +72,7 @@ local function rebuild(task_key, flat, history)
 end
 
 for i = 0, n - 1 do
-  local task_key = KEYS[5 + i]
+  local task_key = KEYS[6 + i]
   local a = 9 + 4 * i
   local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local found = redis.call('XRANGE', dlq, entry_id, entry_id)

@@ -2,10 +2,11 @@
 -- dispatched, running), and tasks no agent started within no_agent_timeout.
 -- KEYS[1] deadlines zset (local id -> when to look at it, ms)   KEYS[2] queue zset
 -- KEYS[3] delayed zset   KEYS[4] dead-letter stream   KEYS[5] capability event feed
--- then KEYS[6+i] the task hash of task i
+-- KEYS[6] capability stats hash   KEYS[7] policy hash   then KEYS[8+i] the task hash of task i
 -- ARGV[1] feed maxlen   ARGV[2] task channel prefix   ARGV[3] result ttl ms
--- ARGV[4] no_agent_timeout ms (0: off)   ARGV[5] the capability's inbox key prefix (an inbox
--- is that plus the agent id, in this capability's slot)   ARGV[6] the control channel prefix
+-- ARGV[4] policy defaults (the no-agent timeout is the policy's; 0: off)
+-- ARGV[5] the capability's inbox key prefix (an inbox is that plus the agent id, in this
+-- capability's slot)   ARGV[6] the control channel prefix
 -- (an agent's is that plus its id)   then ARGV[7+i] the local id of task i
 -- A running task's agent is told to stop (control channel) and the fence moves, so its late
 -- result is refused. A dispatched task's entry is taken out of its inbox while unread (agents
@@ -14,8 +15,8 @@
 -- Entries of tasks that ended meanwhile are dropped from the index.
 -- Returns {expired, no_agent, rescheduled}.
 local c = context(KEYS[5], ARGV[1], ARGV[2], ARGV[3])
-local nat = tonumber(ARGV[4])
-local n = #KEYS - 5
+local nat = load_policy(KEYS[7], ARGV[4]).nat
+local n = #KEYS - 7
 
 -- The task's agent told to stop, and its entry taken back if still unread (see above).
 local function recall(t)
@@ -27,7 +28,7 @@ local function recall(t)
     -- (pcall: the inbox of an agent that deregistered is gone, with its group)
     local read = redis.pcall('XPENDING', inbox, AGENT_GROUP, t.entry, t.entry, 1)
     if type(read) == 'table' and not read.err and #read == 0 then
-      redis.call('XDEL', inbox, t.entry)
+      count_active(KEYS[6], -redis.call('XDEL', inbox, t.entry))
       return
     end
   end
@@ -38,13 +39,15 @@ local now = now_ms()
 local expired, no_agent, later = 0, 0, 0
 for i = 0, n - 1 do
   local local_id = ARGV[7 + i]
-  local t = load_task(KEYS[6 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at',
-                                    'fence', 'entry'})
+  local t = load_task(KEYS[8 + i], {'state', 'deadline_at', 'created_at', 'agent_id', 'replayed_at',
+                                    'fence', 'entry', 'due_at'})
   local state = t.state
   local deadline = tonumber(t.deadline_at) or 0
   local not_started_by = 0
-  -- (counted from the task's creation, or from its last replay out of the dead-letter stream)
-  local since = math.max(tonumber(t.created_at) or 0, tonumber(t.replayed_at) or 0)
+  -- (counted from the task's creation, its start time if scheduled, or its last replay out of
+  -- the dead-letter stream)
+  local since = math.max(tonumber(t.created_at) or 0, tonumber(t.replayed_at) or 0,
+                         tonumber(t.due_at) or 0)
   if nat > 0 and (tonumber(t.attempt) or 0) == 0 then not_started_by = since + nat end
   if not state or state == 'succeeded' or state == 'failed' or state == 'canceled' then
     redis.call('ZREM', KEYS[1], local_id)

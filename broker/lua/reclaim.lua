@@ -3,8 +3,9 @@
 -- calls this to requeue each task as a new attempt, atomically.
 -- KEYS[1] the agent's inbox   KEYS[2] queue zset   KEYS[3] dead-letter stream
 -- KEYS[4] capability event feed   KEYS[5] agent health hash (a lapsed lease is a failure of
--- the agent, for its circuit breaker)   then KEYS[6+i] the task hash of task i
--- ARGV[1] the inbox's agent id   ARGV[2] the dispatcher's consumer name   ARGV[3] aging ms
+-- the agent, for its circuit breaker)   KEYS[6] capability stats hash   KEYS[7] policy hash
+-- then KEYS[8+i] the task hash of task i
+-- ARGV[1] the inbox's agent id   ARGV[2] the dispatcher's consumer name   ARGV[3] policy defaults
 -- ARGV[4] feed maxlen   ARGV[5] task channel prefix   ARGV[6] result ttl ms   ARGV[7] capability
 -- ARGV[8] reason   ARGV[9] wake channel
 -- then for task i: ARGV[10+2i] inbox entry id, ARGV[11+2i] its fencing token
@@ -13,8 +14,10 @@
 -- used all its attempts fails with retries_exhausted.
 -- Returns {requeued, failed, skipped}.
 local c = context(KEYS[4], ARGV[4], ARGV[5], ARGV[6])
-local inbox, agent, me, aging = KEYS[1], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local n = #KEYS - 5
+local inbox, agent, me = KEYS[1], ARGV[1], ARGV[2]
+local p = load_policy(KEYS[7], ARGV[3])
+local aging = p.aging
+local n = #KEYS - 7
 local now = now_ms()
 local requeued, failed, skipped = 0, 0, 0
 for i = 0, n - 1 do
@@ -24,8 +27,8 @@ for i = 0, n - 1 do
     skipped = skipped + 1
   else
     redis.call('XACK', inbox, AGENT_GROUP, entry)
-    redis.call('XDEL', inbox, entry)
-    local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
+    count_active(KEYS[6], -redis.call('XDEL', inbox, entry))
+    local t = load_task(KEYS[8 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
     if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
       local was = t.state
       if was == 'dispatched' then
@@ -37,7 +40,7 @@ for i = 0, n - 1 do
       set(t, 'fence', (tonumber(t.fence) or 0) + 1)
       redis.call('HINCRBY', KEYS[5], 'cf:' .. agent, 1)
       redis.call('HSET', KEYS[5], 'lf:' .. agent, jint(now))
-      local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or 1
+      local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or p.max_attempts
       local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(was) .. '}'
       event(c, t, 'reclaimed', agent, now, data)
       if attempt >= most then

@@ -1,6 +1,7 @@
 -- register: an agent announces itself (idempotent upsert by agent id) and gets a new token.
 -- KEYS[1] agents zset (id -> last heartbeat ms)   KEYS[2] the agent's hash
 -- KEYS[3] registry event stream   KEYS[4] capabilities set   KEYS[5] changes zset   KEYS[6] rev counter
+-- KEYS[7] the set of capabilities an agent ever served
 -- ARGV[1] agent id   ARGV[2] sha1 of the new token   ARGV[3] descriptor JSON   ARGV[4] warmup ms
 -- ARGV[5] wake channel   then ARGV[6..] the agent's capabilities
 -- Re-registering replaces the token, so reports from an older incarnation of the same agent id
@@ -13,7 +14,10 @@ redis.call('HSET', KEYS[2], 'agent_id', agent, 'token_sha', ARGV[2], 'descriptor
   'last_seen', jint(now), 'mode', 'active', 'stats', '{}')
 redis.call('ZADD', KEYS[1], now, agent)
 redis.call('ZADD', KEYS[5], redis.call('INCR', KEYS[6]), agent)
-for i = 6, #ARGV do redis.call('SADD', KEYS[4], ARGV[i]) end
+for i = 6, #ARGV do
+  redis.call('SADD', KEYS[4], ARGV[i])
+  redis.call('SADD', KEYS[7], ARGV[i])
+end
 redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'registered', 'agent_id', agent,
   'time', jint(now), 'detail', existed == 1 and 're-registered' or '')
 wake_agent(ARGV[5], agent)

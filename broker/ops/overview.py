@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from broker.infra.connection import SyncRedis
 from broker.keys import AGENT_GROUP, CapabilityKeys, RegistryKeys
 from broker.registry import AgentRecord, agent_state, clock_of
 from broker.settings import Settings
@@ -44,15 +45,17 @@ class QueueRow:
     agents: int
     healthy_agents: int
     max_queue_depth: int
+    paused: bool = False
+    paused_reason: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def _records(client: Any, settings: Settings) -> tuple[int, list[AgentRecord]]:
+def _records(client: SyncRedis, settings: Settings) -> tuple[int, list[AgentRecord]]:
     rk = RegistryKeys(settings.prefix)
     now = clock_of(client, rk.agents)
-    ids = client.zrange(rk.agents, 0, -1)
+    ids: Any = client.zrange(rk.agents, 0, -1)
     pipe = client.pipeline(transaction=False)
     for agent_id in ids:
         pipe.hgetall(rk.agent(agent_id))
@@ -63,7 +66,8 @@ def _records(client: Any, settings: Settings) -> tuple[int, list[AgentRecord]]:
 Pair = tuple[str, str]
 
 
-def _inbox_loads(client: Any, settings: Settings, pairs: list[Pair]) -> dict[Pair, tuple[int, int, int]]:
+def _inbox_loads(client: SyncRedis, settings: Settings,
+                 pairs: list[Pair]) -> dict[Pair, tuple[int, int, int]]:
     """(capability, agent) -> (entries in its inbox, of which read and running, refused tokens)."""
     if not pairs:
         return {}
@@ -83,7 +87,7 @@ def _inbox_loads(client: Any, settings: Settings, pairs: list[Pair]) -> dict[Pai
     return out
 
 
-def load_fleet(client: Any, settings: Settings, capability: str | None = None
+def load_fleet(client: SyncRedis, settings: Settings, capability: str | None = None
                ) -> tuple[int, list[AgentRecord], dict[Pair, tuple[int, int, int]]]:
     """(server ms now, agents (serving `capability`, if given), their inbox loads)."""
     now, records = _records(client, settings)
@@ -93,7 +97,7 @@ def load_fleet(client: Any, settings: Settings, capability: str | None = None
     return now, records, _inbox_loads(client, settings, pairs)
 
 
-def agent_rows(client: Any, settings: Settings, capability: str | None = None) -> list[AgentRow]:
+def agent_rows(client: SyncRedis, settings: Settings, capability: str | None = None) -> list[AgentRow]:
     now, records, loads = load_fleet(client, settings, capability)
     rows = []
     for r in sorted(records, key=lambda x: x.agent_id):
@@ -120,11 +124,11 @@ def agent_rows(client: Any, settings: Settings, capability: str | None = None) -
     return rows
 
 
-def capabilities(client: Any, settings: Settings) -> list[str]:
-    return sorted(client.smembers(RegistryKeys(settings.prefix).capabilities))
+def capabilities(client: SyncRedis, settings: Settings) -> list[str]:
+    return sorted(str(name) for name in client.smembers(RegistryKeys(settings.prefix).capabilities))
 
 
-def queue_rows(client: Any, settings: Settings, capability: str | None = None) -> list[QueueRow]:
+def queue_rows(client: SyncRedis, settings: Settings, capability: str | None = None) -> list[QueueRow]:
     now, records = _records(client, settings)
     names = [capability] if capability else capabilities(client, settings)
     rows = []
@@ -137,7 +141,8 @@ def queue_rows(client: Any, settings: Settings, capability: str | None = None) -
         pipe.xlen(ck.dlq)
         pipe.zrange(ck.queue, 0, 0)
         pipe.smembers(ck.inboxes)
-        queued, intake, delayed, dlq, head, inbox_agents = pipe.execute()
+        pipe.hmget(ck.policy, "paused", "paused_reason", "max_queue_depth")
+        queued, intake, delayed, dlq, head, inbox_agents, policy = pipe.execute()
         oldest = None
         if head:
             queued_at = client.hget(ck.task(head[0]), "queued_at")
@@ -156,6 +161,8 @@ def queue_rows(client: Any, settings: Settings, capability: str | None = None) -
             oldest_queued_age_s=oldest,
             agents=len(serving),
             healthy_agents=len(healthy),
-            max_queue_depth=settings.max_queue_depth,
+            max_queue_depth=int(policy[2]) if policy[2] else settings.max_queue_depth,
+            paused=policy[0] == "1",
+            paused_reason=(policy[1] or None) if policy[0] == "1" else None,
         ))
     return rows

@@ -20,7 +20,7 @@ def register_call(
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "register",
-        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev],
+        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev, rk.served],
         [agent_id, token_sha, descriptor_json, warmup_ms, wake_channel(settings), *capabilities],
     )
 

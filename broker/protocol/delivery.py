@@ -18,7 +18,7 @@ from typing import Any
 
 from broker.ids import is_local_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, policy_defaults, wake_channel
 from broker.settings import Settings
 
 _MAX_MS = 253_402_300_799_999
@@ -119,9 +119,10 @@ def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBa
     `peek` ready tasks left in the queue)."""
     ck = CapabilityKeys(settings.prefix, capability)
     task = ck.task
-    keys = [ck.queue, ck.events, ck.dlq, ck.tokens, ck.stats, ck.sessions]
+    keys = [ck.queue, ck.events, ck.dlq, ck.tokens, ck.stats, ck.sessions, ck.policy, ck.rate]
     keys += [ck.inbox(b.agent_id) for b in batches]
-    args: list[str | int | float] = [*feed_args(settings), settings.result_ttl_ms, len(batches), peek]
+    args: list[str | int | float] = [*feed_args(settings), settings.result_ttl_ms, len(batches), peek,
+                                     policy_defaults(settings, capability)]
     for b in batches:
         args += [b.agent_id, b.max_unread, len(b.tasks)]
     for b in batches:
@@ -132,11 +133,26 @@ def dispatch_call(settings: Settings, capability: str, batches: Sequence[AgentBa
     return ScriptCall("dispatch", keys, args)
 
 
-def parse_dispatch(reply: list[Any], batches: int) -> tuple[list[DispatchResult], list[tuple[str, float]]]:
-    """One result per batch, in order, and the ready tasks the call peeked at (local id, score)."""
-    results = [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(0, 6 * batches, 6)]
-    peeked = [(str(reply[i]), float(reply[i + 1])) for i in range(6 * batches, len(reply) - 1, 2)]
-    return results, peeked
+HOLD_PAUSED = -1
+HOLD_AT_MAX_RUNNING = -2
+
+
+@dataclass(frozen=True, slots=True)
+class DispatchReply:
+    results: list[DispatchResult]
+    """One per batch, in order."""
+    peeked: list[tuple[str, float]]
+    """The ready tasks left at the queue's front (local id, score)."""
+    hold: int = 0
+    """Why the policy let fewer tasks start than asked: 0 it did not, HOLD_PAUSED,
+    HOLD_AT_MAX_RUNNING, or the ms until the rate allows the next start."""
+
+
+def parse_dispatch(reply: list[Any], batches: int) -> DispatchReply:
+    hold = int(reply[0])
+    results = [DispatchResult(*(int(x) for x in reply[i:i + 6])) for i in range(1, 1 + 6 * batches, 6)]
+    peeked = [(str(reply[i]), float(reply[i + 1])) for i in range(1 + 6 * batches, len(reply) - 1, 2)]
+    return DispatchReply(results, peeked, hold)
 
 
 # -- accept.lua --------------------------------------------------------------------------------
@@ -154,10 +170,11 @@ def accept_call(
 ) -> ScriptCall:
     """Accept deliveries before starting them, or (`started`) record that they were started."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens]
+    keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens, ck.stats, ck.policy]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
         agent_id, token, maxlen, task_channels, settings.result_ttl_ms, "1" if started else "0",
+        policy_defaults(settings, capability),
     ]
     for d in deliveries:
         keys.append(ck.task(d.local_id))
@@ -198,10 +215,11 @@ def release_call(
 ) -> ScriptCall:
     """Put unread inbox entries back into the ready queue (the reply: how many)."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.queue, ck.events]
+    keys = [ck.inbox(agent_id), ck.queue, ck.events, ck.stats, ck.policy]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
-        agent_id, settings.aging_ms, maxlen, task_channels, capability, reason, wake_channel(settings),
+        agent_id, policy_defaults(settings, capability), maxlen, task_channels, capability, reason,
+        wake_channel(settings),
     ]
     for e in entries:
         keys.append(ck.task(e.local_id))
@@ -223,11 +241,11 @@ def reclaim_call(
 ) -> ScriptCall:
     """Requeue tasks whose lapsed inbox entries the dispatcher (`consumer`) has claimed."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events, ck.health]
+    keys = [ck.inbox(agent_id), ck.queue, ck.dlq, ck.events, ck.health, ck.stats, ck.policy]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
-        agent_id, consumer, settings.aging_ms, maxlen, task_channels, settings.result_ttl_ms,
-        capability, reason, wake_channel(settings),
+        agent_id, consumer, policy_defaults(settings, capability), maxlen, task_channels,
+        settings.result_ttl_ms, capability, reason, wake_channel(settings),
     ]
     for e in entries:
         keys.append(ck.task(e.local_id))

@@ -12,7 +12,7 @@ from broker.errors import TaskCanceled, TaskFailed
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys, Channels
 from broker.models import TaskEvent
-from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, policy_defaults, wake_channel
 from broker.settings import Settings
 
 # -- cancel.lua --------------------------------------------------------------------------------
@@ -32,7 +32,7 @@ def cancel_call(settings: Settings, task_id: str, agent_id: str) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
         "cancel",
-        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id)],
+        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id), ck.stats],
         [local, *feed_args(settings), settings.result_ttl_ms, agent_id,
          Channels(settings.prefix).control(agent_id)],
     )
@@ -114,10 +114,11 @@ def parse_events(reply: Sequence[Any]) -> tuple[str | None, int, list[TaskEvent]
 def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     """Move due retries back into the ready queue (the reply: how many)."""
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.delayed, ck.queue, ck.events] + [ck.task(local) for local in local_ids]
+    keys = [ck.delayed, ck.queue, ck.events, ck.policy] + [ck.task(local) for local in local_ids]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
-        settings.aging_ms, maxlen, task_channels, capability, wake_channel(settings), *local_ids,
+        policy_defaults(settings, capability), maxlen, task_channels, capability,
+        wake_channel(settings), *local_ids,
     ]
     return ScriptCall("promote", keys, args)
 
@@ -132,10 +133,10 @@ class ExpireReply:
 
 def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events]
+    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events, ck.stats, ck.policy]
     keys += [ck.task(local) for local in local_ids]
     args: list[str | int | float] = [
-        *feed_args(settings), settings.result_ttl_ms, settings.no_agent_timeout_ms,
+        *feed_args(settings), settings.result_ttl_ms, policy_defaults(settings, capability),
         ck.inbox_prefix, Channels(settings.prefix).control_prefix, *local_ids,
     ]
     return ScriptCall("expire", keys, args)

@@ -10,7 +10,7 @@ from typing import Any
 
 from broker import codec
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, policy_defaults, wake_channel
 from broker.protocol.delivery import Lease
 from broker.settings import Settings
 
@@ -43,12 +43,12 @@ def complete_call(
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health,
-            ck.queue, ck.pulls, ck.stats, ck.grants, ck.granted]
+            ck.queue, ck.pulls, ck.stats, ck.grants, ck.granted, ck.policy, ck.rate]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
         agent_id, token, maxlen, task_channels, settings.result_ttl_ms, capability,
         settings.latency_ceiling_ms, settings.cold_start_max_priority, ck.task_prefix,
-        wake_channel(settings),
+        wake_channel(settings), policy_defaults(settings, capability),
     ]
     for d in done:
         keys.append(ck.task(d.local_id))

@@ -9,19 +9,24 @@ encoded) or raises the specific BadInput. SubmitFields is the same fields as key
 from __future__ import annotations
 
 import secrets
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from datetime import datetime
 from typing import Any, TypedDict
 
 from broker import codec
 from broker.errors import BadInput, InvalidPriority, QueueFull
 from broker.ids import check_capability, new_task_id, split_task_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, policy_defaults, wake_channel
 from broker.settings import Settings
 from broker.versions import parse_spec
 
 MAX_LABEL_LEN = 256
+START_GRACE_S = 60.0
+"""A start time (`at`) this far in the past still queues the task at once (clocks differ); one
+further back is refused."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,10 @@ class SubmitOptions:
     trace_id: str | None = None
     metadata: dict[str, Any] | None = None
     """A JSON object handed to the handler as ctx.metadata."""
+    delay_s: float | None = None
+    """Scheduled: the task waits this long (by the Redis server clock) before it is queued."""
+    at: datetime | None = None
+    """Scheduled: the task is queued at this time (a timezone-aware datetime)."""
 
 
 class SubmitFields(TypedDict, total=False):
@@ -64,6 +73,8 @@ class SubmitFields(TypedDict, total=False):
     max_attempts: int | None
     trace_id: str | None
     metadata: dict[str, Any] | None
+    delay_s: float | None
+    at: datetime | None
 
 
 OPTION_NAMES = tuple(f.name for f in fields(SubmitOptions))
@@ -94,14 +105,18 @@ class SubmitRequest:
     region: str = ""
     idempotency_key: str = ""
     timeout_ms: int = 0
+    """0: the capability's policy decides."""
     deadline_ms: int = 0
     trace_id: str = ""
     metadata: str = ""
-    max_attempts: int = 3
+    max_attempts: int = 0
+    """0: the capability's policy decides."""
     routing: str = ""
     intake_entry: str = ""
     wait: bool = False
     """The producer will block on the task's done list (its outcome is pushed there)."""
+    delay_ms: int = 0
+    at_ms: int = 0
 
     @property
     def local_id(self) -> str:
@@ -149,6 +164,23 @@ def _routing(options: SubmitOptions) -> str:
     return codec.dumps(routing) if routing else ""
 
 
+def _start(options: SubmitOptions) -> tuple[int, int]:
+    """(delay ms, start at ms) of a scheduled task; (0, 0) for one queued at once."""
+    if options.delay_s is not None and options.at is not None:
+        raise BadInput("give delay_s or at, not both")
+    if options.at is not None:
+        at = options.at
+        if not isinstance(at, datetime) or at.tzinfo is None or at.utcoffset() is None:
+            raise BadInput("at must be a timezone-aware datetime (e.g. datetime.now(UTC) + ...)")
+        at_ms = round(at.timestamp() * 1000)
+        if at_ms < (time.time() - START_GRACE_S) * 1000:
+            raise BadInput(f"at {at.isoformat()} is in the past")
+        if at_ms > (time.time() + 10 * 365 * 86400) * 1000:
+            raise BadInput("at is more than ten years ahead")
+        return 0, at_ms
+    return _opt_seconds("delay_s", options.delay_s), 0
+
+
 def build_submit_request(settings: Settings, capability: str, payload: Any,
                          options: SubmitOptions | None = None, *, intake_entry: str = "",
                          wait: bool = False) -> SubmitRequest:
@@ -156,6 +188,7 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
     options = options or SubmitOptions()
     check_capability(capability)
     _check_numbers(options)
+    delay_ms, at_ms = _start(options)
     encoded = codec.encode_payload(payload, settings.max_payload_bytes)
     meta = ""
     if options.metadata is not None:
@@ -170,36 +203,40 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
         session_id=_opt_text("session_id", options.session_id),
         region=_opt_text("region", options.region),
         idempotency_key=_opt_text("idempotency_key", options.idempotency_key),
-        timeout_ms=_opt_seconds("timeout_s", options.timeout_s) or settings.timeout_ms_for(capability),
+        timeout_ms=_opt_seconds("timeout_s", options.timeout_s),
         deadline_ms=_opt_seconds("deadline_s", options.deadline_s),
         trace_id=_opt_text("trace_id", options.trace_id) or secrets.token_hex(8),
         metadata=meta,
-        max_attempts=options.max_attempts or settings.max_attempts_for(capability),
+        max_attempts=options.max_attempts or 0,
         routing=_routing(options),
         intake_entry=intake_entry,
         wait=wait,
+        delay_ms=delay_ms,
+        at_ms=at_ms,
     )
 
 
-def submit_call(settings: Settings, requests: Sequence[SubmitRequest]) -> ScriptCall:
+def submit_call(settings: Settings, requests: Sequence[SubmitRequest],
+                fleet: Mapping[str, Any] | None = None) -> ScriptCall:
+    """`fleet`: the fleet's policy fields as the producer last read them (see policy_defaults)."""
     capability = requests[0].capability
     if any(r.capability != capability for r in requests):
         raise BadInput("one submit call serves one capability")
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted]
+    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted,
+            ck.policy, ck.rate, ck.delayed]
     maxlen, task_channels = feed_args(settings)
     args: list[str | int | float] = [
-        settings.max_queue_depth, settings.aging_ms, settings.idempotency_ttl_ms, maxlen,
-        task_channels, capability, settings.no_agent_timeout_ms, ck.inbox_prefix,
-        settings.cold_start_max_priority, wake_channel(settings),
+        policy_defaults(settings, capability, fleet), settings.idempotency_ttl_ms, maxlen, task_channels,
+        capability, ck.inbox_prefix, settings.cold_start_max_priority, wake_channel(settings),
     ]
     for r in requests:
         local = r.local_id
         keys += [ck.task(local), ck.idempotency(r.idempotency_key)]
         args += [
             r.task_id, local, r.payload, r.priority, r.session_id, r.region, r.idempotency_key,
-            r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts, r.routing,
-            r.intake_entry, "1" if r.wait else "",
+            r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts or "", r.routing,
+            r.intake_entry, "1" if r.wait else "", r.delay_ms, r.at_ms,
         ]
     return ScriptCall("submit", keys, args)
 

@@ -10,6 +10,7 @@
                                         leaving `left` grants: sent when that falls to a power
                                         of two below half of those written, or to none
     agent <agent>                       the registry changed
+    policy <cap>                        a capability's policy changed ('*': the fleet's)
 
 Pub/sub only shortens waits (a dispatcher's idle tick makes progress if a message is lost), so
 a message that does not parse is dropped. Older producers' forms are still read: `free` with 5
@@ -75,7 +76,16 @@ class RegistryChanged:
         return f"agent {self.agent_id}"
 
 
-WakeMessage = TasksQueued | AgentFreed | GrantsTaken | RegistryChanged
+@dataclass(frozen=True, slots=True)
+class PolicyChanged:
+    capability: str
+    """'*' for the fleet's defaults."""
+
+    def encode(self) -> str:
+        return f"policy {self.capability}"
+
+
+WakeMessage = TasksQueued | AgentFreed | GrantsTaken | RegistryChanged | PolicyChanged
 
 
 def parse(text: str) -> WakeMessage | None:
@@ -87,6 +97,8 @@ def parse(text: str) -> WakeMessage | None:
             return TasksQueued(parts[1])
         if kind == "agent" and len(parts) == 2:
             return RegistryChanged(parts[1])
+        if kind == "policy" and len(parts) == 2:
+            return PolicyChanged(parts[1])
         if kind == "free" and 5 <= len(parts) <= 9:
             return _freed(parts)
         if kind == "took" and len(parts) in (6, 7):
