@@ -29,6 +29,7 @@ import redis.asyncio
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.cluster import RedisCluster
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.sentinel import Sentinel
 
 from broker.errors import BrokerUnavailable, ConfigError
@@ -103,19 +104,8 @@ def _standalone_options(url: str, asynchronous: bool) -> dict[str, Any]:
     # redis-py 8 enables its maintenance notifications (a Redis Enterprise feature) on "auto",
     # and while they are on, its pool hands out a pooled connection the server has closed
     # without replacing it, so the first exchange after a Redis restart fails.
-    maint = _maint_notifications_off()
-    if maint is not None:
-        options["maint_notifications_config"] = maint
+    options["maint_notifications_config"] = MaintNotificationsConfig(enabled=False)
     return options
-
-
-def _maint_notifications_off() -> Any:
-    """redis-py's maintenance notifications turned off (None before redis-py 7, which has none)."""
-    try:
-        from redis.maint_notifications import MaintNotificationsConfig
-    except ImportError:
-        return None
-    return MaintNotificationsConfig(enabled=False)
 
 
 def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any]:
