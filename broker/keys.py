@@ -75,12 +75,15 @@ TASK_DONE_SUFFIX = ":done"
 """A task's done list is its record's key plus this (see CapabilityKeys.task_done)."""
 DRAINING_FIELD = "draining:"
 """The tokens hash marks a draining agent with the field DRAINING_FIELD + agent id."""
+POLICY_PACKED_FIELD = "packed"
+"""A policy hash's fields again, in one field the scripts read (see lua/_policy.lua)."""
 
 LUA_CONSTANTS = {
     "AGENT_GROUP": AGENT_GROUP,
     "DISPATCH_GROUP": DISPATCH_GROUP,
     "DONE_SUFFIX": TASK_DONE_SUFFIX,
     "DRAINING": DRAINING_FIELD,
+    "POLICY_PACKED_FIELD": POLICY_PACKED_FIELD,
 }
 """Names the scripts use that do not depend on the prefix: broker/scripts.py writes them at the
 head of every script, so that no `.lua` file spells one itself."""

@@ -1,10 +1,7 @@
 """The Lua scripts of `broker/lua/`, loaded once per client and called by name.
 
-Each script is one atomic state change and lives in its own file, opening with a comment that
-lists its KEYS and ARGV. Files starting with '_' hold the helpers the scripts share; each
-script's text here is the constants of broker/keys.py (LUA_CONSTANTS), then every helper file in
-LIBRARY order, then the script. `broker/protocol/` builds each call's keys and arguments and
-parses its reply.
+Each script's text is assembled by broker/script_source.py; `broker/protocol/` builds each call's
+keys and arguments and parses its reply. These runners send them the cheapest way there is.
 """
 
 from __future__ import annotations
@@ -14,8 +11,6 @@ import os
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import redis
@@ -24,35 +19,11 @@ from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.client import Redis
 from redis.cluster import RedisCluster
 
-from broker.keys import LUA_CONSTANTS
 from broker.protocol.calls import ScriptCall
+from broker.script_source import LIBRARY, SCRIPT_NAMES, prelude, source
 
-_LUA = resources.files("broker") / "lua"
-
-LIBRARY = ("_base", "_events", "_queue", "_finish", "_policy", "_delivery", "_wake", "_handoff",
-           "_outcome", "_health", "_pull", "_credits")
-"""The helper files, in the order they are prepended (each uses only those before it)."""
-
-# Every `<name>.lua` of the folder is a script (files starting with '_' are shared helpers).
-SCRIPT_NAMES = tuple(sorted(
-    entry.name.removesuffix(".lua") for entry in _LUA.iterdir()
-    if entry.name.endswith(".lua") and not entry.name.startswith("_")
-))
-
-
-@cache
-def prelude() -> str:
-    """The constants and helpers every script starts with."""
-    constants = "\n".join(f"local {name} = '{value}'" for name, value in LUA_CONSTANTS.items())
-    helpers = [f"-- ===== {name}.lua =====\n" + (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-               for name in LIBRARY]
-    return "\n".join(["-- ===== constants (broker/keys.py) =====", constants, *helpers])
-
-
-@cache
-def source(name: str) -> str:
-    body = (_LUA / f"{name}.lua").read_text(encoding="utf-8")
-    return f"{prelude()}\n-- ===== {name}.lua =====\n{body}"
+__all__ = ["LIBRARY", "SCRIPT_NAMES", "AsyncScripts", "Lane", "Scripts", "evalsha_command", "prelude",
+           "source"]
 
 
 def evalsha_command(sha: str, call: ScriptCall) -> tuple[Any, ...]:

@@ -1,8 +1,9 @@
 """One capability's share of the dispatcher: the loop that routes its ready tasks.
 
 Each step routes (a round: read the ready tasks, choose an agent for each, hand them off),
-then does the housekeeping that is due (intake, due retries, due deadlines: housekeeping.py)
-and the lease sweep (leases.py). With nothing moving, the loop sleeps until a wake-up (new
+then does the housekeeping that is due (intake, due retries, due deadlines: housekeeping.py),
+the lease sweep (leases.py) and, once a second, the check for tasks no agent could take
+(no_agent.py). With nothing moving, the loop sleeps until a wake-up (new
 task, freed capacity, registry change), the next due retry or deadline, or the next lease
 sweep; never longer than the idle tick. The parts:
 
@@ -30,6 +31,7 @@ from dispatcher.grants import Grants
 from dispatcher.handoff import PIPELINE_MIN_TASKS, Handoff
 from dispatcher.housekeeping import Housekeeping
 from dispatcher.leases import LeaseSweep
+from dispatcher.no_agent import NoAgentWatch
 from dispatcher.observations import Observations
 from dispatcher.policy import CapabilityPolicy
 from dispatcher.ready import ReadyQueue
@@ -57,6 +59,7 @@ class CapabilityLoop:
         self.grants = Grants(ctx, self.keys, self.observations, self.snapshots)
         self.housekeeping = Housekeeping(ctx, self.keys)
         self.leases = LeaseSweep(ctx, self.keys)
+        self.no_agent = NoAgentWatch(ctx, self.keys)
         self.policy = CapabilityPolicy(ctx, capability)
         self._hold_until = 0.0
         """No round before this (monotonic): the rate allows no start until then."""
@@ -169,6 +172,7 @@ class CapabilityLoop:
             moved += housekept
         if self.leases.due():
             moved += await self.leases.run()
+        moved += await self.no_agent.run(self.policy.current)
         return moved > 0
 
     # -- a round ----------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """A capability's housekeeping: raw intake entries become tasks, retries whose backoff ended go
-back to the ready queue, tasks past their deadline (or never started in time) fail. Each kind of
+back to the ready queue, tasks past their deadline fail. Each kind of
 work is found in one round trip and done in one script call.
 
 While tasks flow this runs at most every HOUSEKEEPING_S (a retry or deadline is late by that
@@ -61,8 +61,8 @@ class Housekeeping:
         if due_deadlines:
             reply = parse_expire(await self.ctx.scripts(
                 expire_call(self.ctx.settings, self.capability, due_deadlines)))
-            self.expired += reply.expired + reply.no_agent
-            moved += reply.expired + reply.no_agent + (1 if len(due_deadlines) == SWEEP_BATCH else 0)
+            self.expired += reply.expired
+            moved += reply.expired + (1 if len(due_deadlines) == SWEEP_BATCH else 0)
         if due_retries or due_deadlines:
             delayed_head = await self.ctx.redis.zrange(keys.delayed, 0, 0, withscores=True)
             deadline_head = await self.ctx.redis.zrange(keys.deadlines, 0, 0, withscores=True)

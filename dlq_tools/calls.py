@@ -13,7 +13,8 @@ from typing import Any, Literal
 from broker.errors import BadInput
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, feed_args, policy_defaults, wake_channel
+from broker.protocol.calls import ScriptCall, feed_args, wake_channel
+from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
 from dlq_tools.models import Filter
 

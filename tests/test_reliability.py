@@ -356,19 +356,56 @@ def test_no_agent_timeout(make_settings: Any, fleet: Fleet) -> None:
 
 
 @pytest.mark.one_redis
+def test_a_backlog_that_a_live_agent_works_through_never_fails_as_no_agent_timeout(
+    make_settings: Any, fleet: Fleet
+) -> None:
+    # Each task waits up to 3 s for the one busy slot, far past the no-agent timeout: an agent
+    # could take them all along, so none may fail.
+    settings = make_settings(no_agent_timeout_ms=500)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        fleet.worker("backlog", handler="tests.handlers:sleepy", concurrency=1, settings=settings)
+        handles = [client.submit("backlog", {"n": i, "s": 0.5}) for i in range(6)]
+        assert [h.result(timeout=60)["slept"] for h in handles] == [0.5] * 6
+
+
+@pytest.mark.one_redis
+def test_tasks_fail_as_no_agent_timeout_once_their_only_agent_is_gone_that_long(
+    make_settings: Any, fleet: Fleet, r: redis.Redis
+) -> None:
+    settings = make_settings(no_agent_timeout_ms=1500, suspect_after_ms=300, offline_after_ms=600,
+                             heartbeat_ms=100)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        worker = fleet.worker("gone", handler="tests.handlers:record", settings=settings)
+        assert client.run("gone", {"n": 0}, timeout=30) == {"n": 0}
+        worker.kill()
+        stats = CapabilityKeys(settings.prefix, "gone").stats
+        wait_until(lambda: r.hget(stats, "unserved_since"), timeout=30, message="seen unserved")
+        handle = client.submit("gone", {"n": 1})
+        with pytest.raises(TaskFailed) as failed:
+            handle.result(timeout=30)
+        assert failed.value.reason == "no_agent_timeout"
+        # An agent that comes back clears the mark, and tasks wait for it again.
+        fleet.worker("gone", handler="tests.handlers:record", settings=settings)
+        wait_until(lambda: not r.hget(stats, "unserved_since"), timeout=30, message="served again")
+        assert client.run("gone", {"n": 2}, timeout=30) == {"n": 2}
+
+
+@pytest.mark.one_redis
 def test_a_task_failed_before_its_agent_read_it_is_taken_out_of_the_inbox(make_settings: Any,
                                                                          fleet: Fleet) -> None:
     # (Agents start what they read at once, before the start is recorded: an entry left in the
     # inbox of a task that already failed would still run when the agent reads on.) The agent
-    # runs one task at a time; the second waits unread in its inbox until no agent started it.
-    settings = make_settings(no_agent_timeout_ms=1500)
+    # runs one task at a time; the second waits unread in its inbox until its deadline passes.
+    settings = make_settings()
     r = sync_redis(settings.redis_url)
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
         busy = fleet.worker("unread", handler="tests.handlers:sleepy", concurrency=1, settings=settings)
         first = client.submit("unread", {"n": "a", "s": 4})
         wait_state(client, first.task_id, "running")
-        waiting = client.submit("unread", {"n": "b", "s": 0})
+        waiting = client.submit("unread", {"n": "b", "s": 0}, deadline_s=1.5)
         # (Put into the busy agent's inbox by hand: a dispatcher may keep it queued instead, as
         # it sizes a slow agent's prefetch to its speed. If the dispatcher was first, this call
         # finds it taken.)
@@ -377,7 +414,7 @@ def test_a_task_failed_before_its_agent_read_it_is_taken_out_of_the_inbox(make_s
         assert wait_state(client, waiting.task_id, "dispatched", "failed").agent_id == busy.agent_id
         with pytest.raises(TaskFailed) as failed:
             waiting.result(timeout=30)
-        assert failed.value.reason == "no_agent_timeout"
+        assert failed.value.reason == "expired"
         inbox = CapabilityKeys(settings.prefix, "unread").inbox(busy.agent_id)
         local = waiting.task_id.split(":")[1]
         assert client.status(first.task_id).state == "running"  # (so the entry was never read)

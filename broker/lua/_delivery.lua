@@ -22,10 +22,10 @@ local INBOX_PAYLOAD_MAX = 16384
 local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadline_at', 'payload',
                          'timeout_ms', 'trace_id', 'session_id', 'metadata', 'max_attempts'}
 
--- A task's own setting (a record field the producer gave), else the policy's.
+-- A task's own setting (a record field the producer gave), else the policy's (both as text).
 local function own_or(value, policy_value)
   if value and value ~= '' and value ~= '0' then return value end
-  return jint(policy_value)
+  return policy_value
 end
 
 -- Hand a task to an agent's inbox as a new delivery: `f` is its record's DELIVERY_FIELDS (as

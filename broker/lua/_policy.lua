@@ -1,23 +1,59 @@
--- A capability's policy as the scripts apply it (broker/policy.py): read once per call from the
--- capability's policy hash, each field falling back to the caller's settings (`defaults`,
--- packed by broker/protocol/calls.py: max attempts|timeout ms|aging ms|max queue depth|
--- no-agent timeout ms|rate|burst|max running) while no dispatcher has seeded it. The starts a
--- call may make are held to the rate (a token bucket by the server clock) and to max_running
--- (against the `active` count of the stats hash: tasks in the capability's inboxes).
+-- A capability's policy as the scripts apply it (broker/policy.py). Its hash keeps every field
+-- also packed in one field, POLICY_PACKED_FIELD, which is all a script reads (one HGET and one
+-- match: reading and converting the fields one by one cost a hot script a tenth of its time):
+--   gated|max_attempts|timeout_ms|aging_ms|max_queue_depth|no_agent_timeout_ms|rate|burst|
+--   max_running|paused
+-- (broker/protocol/policy_pack.py defines the layout; `gated` is '1' when a start limit applies:
+-- paused, a rate or a max_running; '?' when a field is not set and the caller's `defaults`,
+-- packed alike, fill it in). The starts a call may make are held to the rate (a token bucket by
+-- the server clock) and to max_running (against the `active` count of the stats hash: tasks in
+-- the capability's inboxes).
 
-local POLICY_FIELDS = {'max_attempts', 'timeout_ms', 'aging_ms', 'max_queue_depth',
-                       'no_agent_timeout_ms', 'rate', 'burst', 'max_running', 'paused'}
+local POLICY_PATTERN = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
+
+-- The fields as text; max attempts, timeout, aging, depth and no-agent timeout stay text (a
+-- script converts what it uses: every tonumber is a strtod), the start limits are converted.
+local function unpack_policy(packed)
+  local g, ma, tm, ag, md, nat, rate, burst, mr, paused = string.match(packed, POLICY_PATTERN)
+  return {gated = g, max_attempts = ma, timeout_ms = tm, aging = ag, max_depth = md, nat = nat,
+          rate = rate, burst = burst, max_running = mr, paused = paused}
+end
+
+-- Rewrite the packed field from the hash's fields (by the policy scripts, after a change).
+local function pack_policy(key)
+  local v = redis.call('HMGET', key, 'max_attempts', 'timeout_ms', 'aging_ms', 'max_queue_depth',
+                       'no_agent_timeout_ms', 'rate', 'burst', 'max_running', 'paused')
+  local gated = '0'
+  for i = 1, 9 do
+    if not v[i] then v[i] = ''; gated = '?' end
+  end
+  if gated == '0' and (v[9] == '1' or (tonumber(v[6]) or 0) > 0 or (tonumber(v[8]) or 0) > 0) then
+    gated = '1'
+  end
+  redis.call('HSET', key, POLICY_PACKED_FIELD, gated .. '|' .. table.concat(v, '|'))
+end
+
+local POLICY_NAMES = {'max_attempts', 'timeout_ms', 'aging', 'max_depth', 'nat', 'rate', 'burst',
+                      'max_running', 'paused'}
 
 local function load_policy(key, defaults)
-  local v = redis.call('HMGET', key, unpack(POLICY_FIELDS))
-  local d = {}
-  for x in string.gmatch(defaults, '[^|]+') do d[#d + 1] = tonumber(x) end
-  local p = {max_attempts = tonumber(v[1]) or d[1], timeout_ms = tonumber(v[2]) or d[2],
-             aging = tonumber(v[3]) or d[3], max_depth = tonumber(v[4]) or d[4],
-             nat = tonumber(v[5]) or d[5], rate = tonumber(v[6]) or d[6] or 0,
-             burst = tonumber(v[7]) or d[7] or 0, max_running = tonumber(v[8]) or d[8] or 0,
-             paused = v[9] == '1'}
-  if p.burst <= 0 then p.burst = math.max(1, math.ceil(p.rate)) end
+  local packed = redis.call('HGET', key, POLICY_PACKED_FIELD)
+  local p = unpack_policy(packed or defaults)
+  if p.gated == '?' then
+    local d = unpack_policy(defaults)
+    for _, name in ipairs(POLICY_NAMES) do
+      if p[name] == '' then p[name] = d[name] end
+    end
+    p.gated = (p.paused == '1' or (tonumber(p.rate) or 0) > 0 or (tonumber(p.max_running) or 0) > 0)
+      and '1' or '0'
+  end
+  if p.gated == '1' then
+    p.rate, p.burst, p.max_running = tonumber(p.rate) or 0, tonumber(p.burst) or 0, tonumber(p.max_running) or 0
+    if p.burst <= 0 then p.burst = math.max(1, math.ceil(p.rate)) end
+    p.paused = p.paused == '1'
+  else
+    p.rate, p.burst, p.max_running, p.paused = 0, 0, 0, false
+  end
   return p
 end
 

@@ -65,7 +65,7 @@ for i = 0, n - 1 do
   elseif t.state == 'running' and mine then
     -- Accepted by an earlier incarnation of this agent id, which died while running it. This
     -- is a new attempt (so a task that kills its worker every time still ends in the DLQ).
-    if tonumber(t.attempt) >= (tonumber(t.max_attempts) or p.max_attempts) then
+    if tonumber(t.attempt) >= (tonumber(t.max_attempts) or tonumber(p.max_attempts)) then
       drop(entry)
       fail_task(c, t, KEYS[2], 'retries_exhausted',
         'the agent restarted while running the task, ' .. t.attempt .. ' time(s)', agent, now)

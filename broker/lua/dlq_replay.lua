@@ -23,7 +23,7 @@
 local c = context(KEYS[3], ARGV[2], ARGV[3], 0)
 local dlq, queue = KEYS[1], KEYS[2]
 local p = load_policy(KEYS[5], ARGV[1])
-local aging, max_depth = p.aging, p.max_depth
+local aging, max_depth = tonumber(p.aging), tonumber(p.max_depth)
 local reset = ARGV[7] == '1'
 local n = #KEYS - 5
 local now = now_ms()

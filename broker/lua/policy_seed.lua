@@ -22,4 +22,5 @@ for i = 4, #ARGV, 2 do
     if held ~= value then out[#out + 1] = field; out[#out + 1] = held end
   end
 end
+pack_policy(key)
 return out

@@ -34,5 +34,6 @@ for i = 7, #ARGV, 2 do
       'who', who, 'at', now, 'change', mode)
   end
 end
+pack_policy(key)
 if #out > 0 then wake_policy(ARGV[4], ARGV[5]) end
 return out

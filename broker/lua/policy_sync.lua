@@ -18,4 +18,5 @@ for i = 1, #ARGV, 3 do
     end
   end
 end
+pack_policy(key)
 return changed

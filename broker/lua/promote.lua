@@ -7,7 +7,7 @@
 -- A task that is no longer due (or no longer delayed) is left alone.
 -- Returns the number of tasks promoted.
 local c = context(KEYS[3], ARGV[2], ARGV[3], 0)
-local aging = load_policy(KEYS[4], ARGV[1]).aging
+local aging = tonumber(load_policy(KEYS[4], ARGV[1]).aging)
 local n = #KEYS - 4
 local now = now_ms()
 local promoted = 0

@@ -16,7 +16,7 @@
 local c = context(KEYS[4], ARGV[4], ARGV[5], ARGV[6])
 local inbox, agent, me = KEYS[1], ARGV[1], ARGV[2]
 local p = load_policy(KEYS[7], ARGV[3])
-local aging = p.aging
+local aging = tonumber(p.aging)
 local n = #KEYS - 7
 local now = now_ms()
 local requeued, failed, skipped = 0, 0, 0
@@ -40,7 +40,7 @@ for i = 0, n - 1 do
       set(t, 'fence', (tonumber(t.fence) or 0) + 1)
       redis.call('HINCRBY', KEYS[5], 'cf:' .. agent, 1)
       redis.call('HSET', KEYS[5], 'lf:' .. agent, jint(now))
-      local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or p.max_attempts
+      local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or tonumber(p.max_attempts)
       local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(was) .. '}'
       event(c, t, 'reclaimed', agent, now, data)
       if attempt >= most then

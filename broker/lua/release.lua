@@ -9,7 +9,7 @@
 -- Returns the number of tasks put back.
 local c = context(KEYS[3], ARGV[3], ARGV[4], 0)
 local inbox, agent = KEYS[1], ARGV[1]
-local aging = load_policy(KEYS[5], ARGV[2]).aging
+local aging = tonumber(load_policy(KEYS[5], ARGV[2]).aging)
 local n = #KEYS - 5
 local now = now_ms()
 local released = 0

@@ -2,33 +2,36 @@
 -- straight to an agent by a grant while nothing waits in the queue (see _handoff.lua), or, with
 -- a delay or a start time, scheduled (in the delayed zset until due: promote.lua).
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] intake stream
--- KEYS[4] deadlines zset (when to look at a task with a deadline or a no-agent timeout)
+-- KEYS[4] deadlines zset (when to look at a task with a deadline)
 -- KEYS[5] grants list   KEYS[6] agent tokens hash   KEYS[7] capability stats hash
 -- KEYS[8] granted hash (the standing grant set by agent, and '#': how many were written)
 -- KEYS[9] policy hash   KEYS[10] rate bucket   KEYS[11] delayed zset
--- then for task i (0-based): KEYS[12+2i] task hash, KEYS[13+2i] idempotency key
+-- then for each task its hash, followed by its idempotency key when it has one
 -- ARGV[1] policy defaults (see _policy.lua)   ARGV[2] idempotency ttl ms   ARGV[3] feed maxlen
 -- ARGV[4] task channel prefix   ARGV[5] capability   ARGV[6] inbox key prefix (an inbox is
 -- that plus the agent id a grant names, in this capability's slot)
 -- ARGV[7] the highest priority a grant for low-priority tasks only may take (cold_start_max_priority)
 -- ARGV[8] wake channel
--- then for task i: 17 fields from ARGV[9+17i]: task id, local id, payload, priority, session id,
---   region, idempotency key, timeout ms (0: the policy's), deadline ms (0: none), trace id,
---   metadata JSON, max attempts ('': the policy's), routing JSON, intake entry id (entries
---   taken from the intake stream are acknowledged and deleted in the same step, so a crash
---   never creates a task twice), '1' when the producer will wait for the result (then the
---   outcome is pushed to its done list), delay ms (0: none), start at ms (0: none)
+-- then for task i: 7 values from ARGV[9+7i]: task id, local id, payload, priority, trace id,
+--   '1' when the producer will wait for the result (then the outcome is pushed to its done
+--   list), and its options: '' for none, else a JSON object of text values
+--   (broker/protocol/submit.py SubmitRequest.options_arg), any of: session_id, region,
+--   idempotency_key, timeout_ms
+--   (absent: the policy's), deadline_ms, metadata (JSON), max_attempts (absent: the policy's),
+--   routing (JSON), intake_entry (an entry taken from the intake stream, acknowledged and
+--   deleted in the same step, so a crash never creates a task twice), delay_ms, at_ms.
 -- Returns {'full', depth} when the queue cannot take the batch, else for each task
 -- {'new'|'dup', task id} flattened.
 local c = context(KEYS[2], ARGV[3], ARGV[4], 0)
 local queue, stats = KEYS[1], KEYS[7]
 local p = load_policy(KEYS[9], ARGV[1])
-local max_depth, aging, nat = p.max_depth, p.aging, p.nat
+local max_depth, aging = tonumber(p.max_depth), nil
 local idem_ttl = tonumber(ARGV[2])
-local n = (#KEYS - 11) / 2
+local n = (#ARGV - 8) / 7
 local wake, cap = ARGV[8], ARGV[5]
 local g = {grants = KEYS[5], granted = KEYS[8], tokens = KEYS[6], inbox_prefix = ARGV[6],
            low_max = tonumber(ARGV[7])}
+local NONE = {}
 
 local depth = redis.call('ZCARD', queue)
 if depth + n > max_depth then
@@ -45,15 +48,21 @@ local now = now_ms()
 local now_s = jint(now)
 local out = {}
 local queued, direct = 0, 0
+local k = 12
 for i = 0, n - 1 do
-  local task_key, idem_key = KEYS[12 + 2 * i], KEYS[13 + 2 * i]
-  local a = 9 + 17 * i
-  local task_id, local_id, idem = ARGV[a], ARGV[a + 1], ARGV[a + 6]
-  local entry = ARGV[a + 13]
+  local a = 9 + 7 * i
+  local task_id, local_id, payload, priority_s, trace_id = ARGV[a], ARGV[a + 1], ARGV[a + 2],
+    ARGV[a + 3], ARGV[a + 4]
+  local o = ARGV[a + 6] == '' and NONE or cjson.decode(ARGV[a + 6])
+  local session, region, idem, routing = o.session_id or '', o.region or '', o.idempotency_key or '',
+    o.routing or ''
+  local task_key, idem_key = KEYS[k], false
+  k = k + 1
+  if idem ~= '' then idem_key = KEYS[k]; k = k + 1 end
   local existing = false
   if redis.call('EXISTS', task_key) == 1 then
     existing = task_id  -- the same call retried after a lost reply: no second task
-  elseif idem ~= '' then
+  elseif idem_key then
     -- The first task with this key wins for the whole TTL, even after its record expired:
     -- running it again would break the promise the key makes.
     existing = redis.call('GET', idem_key)
@@ -62,39 +71,39 @@ for i = 0, n - 1 do
     out[#out + 1] = 'dup'
     out[#out + 1] = existing
   else
-    local priority = tonumber(ARGV[a + 3])
-    local deadline_ms = tonumber(ARGV[a + 8])
+    local priority = tonumber(priority_s)
     local deadline_at = '0'
-    if deadline_ms > 0 then deadline_at = jint(now + deadline_ms) end
-    local h = {'v', '2', 'id', task_id, 'cap', cap, 'payload', ARGV[a + 2],
-               'priority', ARGV[a + 3], 'deadline_at', deadline_at, 'trace_id', ARGV[a + 9],
-               'attempt', '0', 'fence', '0', 'created_at', now_s, 'queued_at', now_s}
-    -- (empty options are left out of the record: a missing field reads as empty; the timeout
-    -- and the attempts allowed then come from the policy when they matter)
-    if ARGV[a + 7] ~= '0' then h[#h + 1] = 'timeout_ms'; h[#h + 1] = ARGV[a + 7] end
-    if ARGV[a + 11] ~= '' then h[#h + 1] = 'max_attempts'; h[#h + 1] = ARGV[a + 11] end
-    if ARGV[a + 4] ~= '' then h[#h + 1] = 'session_id'; h[#h + 1] = ARGV[a + 4] end
-    if ARGV[a + 5] ~= '' then h[#h + 1] = 'region'; h[#h + 1] = ARGV[a + 5] end
-    if idem ~= '' then h[#h + 1] = 'idempotency_key'; h[#h + 1] = idem end
-    if ARGV[a + 10] ~= '' then h[#h + 1] = 'metadata'; h[#h + 1] = ARGV[a + 10] end
-    if ARGV[a + 12] ~= '' then h[#h + 1] = 'routing'; h[#h + 1] = ARGV[a + 12] end
-    if ARGV[a + 14] == '1' then h[#h + 1] = 'd'; h[#h + 1] = '1' end
-    local due = tonumber(ARGV[a + 16])
-    if due <= 0 and tonumber(ARGV[a + 15]) > 0 then due = now + tonumber(ARGV[a + 15]) end
+    if o.deadline_ms then deadline_at = jint(now + tonumber(o.deadline_ms)) end
+    local h = {'v', '2', 'id', task_id, 'cap', cap, 'payload', payload, 'priority', priority_s,
+               'deadline_at', deadline_at, 'trace_id', trace_id, 'attempt', '0', 'fence', '0',
+               'created_at', now_s, 'queued_at', now_s}
+    -- (options not given are left out of the record: a missing field reads as empty; the
+    -- timeout and the attempts allowed then come from the policy when they matter)
+    if o ~= NONE then
+      if o.timeout_ms then h[#h + 1] = 'timeout_ms'; h[#h + 1] = o.timeout_ms end
+      if o.max_attempts then h[#h + 1] = 'max_attempts'; h[#h + 1] = o.max_attempts end
+      if session ~= '' then h[#h + 1] = 'session_id'; h[#h + 1] = session end
+      if region ~= '' then h[#h + 1] = 'region'; h[#h + 1] = region end
+      if idem ~= '' then h[#h + 1] = 'idempotency_key'; h[#h + 1] = idem end
+      if o.metadata then h[#h + 1] = 'metadata'; h[#h + 1] = o.metadata end
+      if routing ~= '' then h[#h + 1] = 'routing'; h[#h + 1] = routing end
+    end
+    if ARGV[a + 5] == '1' then h[#h + 1] = 'd'; h[#h + 1] = '1' end
+    local due = tonumber(o.at_ms or 0)
+    if due <= 0 and o.delay_ms then due = now + tonumber(o.delay_ms) end
     local grant = nil
     if due > now then
       -- Scheduled: it waits in the delayed zset until due (promote.lua queues it then).
       local seq = add_event(h, c, task_id, 0, '0', false, 'scheduled', nil, now_s,
-        '{"at":' .. jint(due) .. ',"priority":' .. jint(priority) .. '}')
+        '{"at":' .. jint(due) .. ',"priority":' .. priority_s .. '}')
       h[#h + 1] = 'state'; h[#h + 1] = 'scheduled'; h[#h + 1] = 'due_at'; h[#h + 1] = jint(due)
       h[#h + 1] = 'seq'; h[#h + 1] = seq
       redis.call('HSET', task_key, unpack(h))
       redis.call('ZADD', KEYS[11], due, local_id)
     else
-      due = now
       local seq = add_event(h, c, task_id, 0, '0', false, 'queued', nil, now_s,
-        '{"priority":' .. jint(priority) .. '}')
-      if direct_ok and room > 0 and ARGV[a + 4] == '' and ARGV[a + 5] == '' and ARGV[a + 12] == ''
+        '{"priority":' .. priority_s .. '}')
+      if direct_ok and room > 0 and session == '' and region == '' and routing == ''
           and take_tokens(KEYS[10], p, 1, now) == 1 then
         grant = next_grant(g, priority)
         if not grant then give_back_tokens(KEYS[10], p, 1) end
@@ -102,8 +111,8 @@ for i = 0, n - 1 do
       if grant then
         local why = grant[3] .. '|grant|' .. grant[4] .. '|'  -- (see broker/protocol/grants.py)
         -- (the record as deliver() reads it: DELIVERY_FIELDS)
-        local f = {'queued', '0', seq, '0', false, task_id, deadline_at, ARGV[a + 2], ARGV[a + 7],
-                   ARGV[a + 9], ARGV[a + 4], ARGV[a + 10], ARGV[a + 11]}
+        local f = {'queued', '0', seq, '0', false, task_id, deadline_at, payload, o.timeout_ms,
+                   trace_id, session, o.metadata, o.max_attempts}
         deliver(c, p, task_key, f, h, grant[2], grant[1], local_id, now_s, why, ',"direct":true')
         local before = loads[grant[1]]
         loads[grant[1]] = {grant[5] + 1, grant[6], (before and before[3] or 0) + 1}
@@ -112,25 +121,23 @@ for i = 0, n - 1 do
       else
         h[#h + 1] = 'state'; h[#h + 1] = 'queued'; h[#h + 1] = 'seq'; h[#h + 1] = seq
         redis.call('HSET', task_key, unpack(h))
+        aging = aging or tonumber(p.aging)
         redis.call('ZADD', queue, queue_score(now, priority, aging,
-          constrained(ARGV[a + 4], ARGV[a + 5], ARGV[a + 12], nil)), local_id)
+          constrained(session, region, routing, nil)), local_id)
         direct_ok = false  -- the rest of the batch queues behind this one
         queued = queued + 1
       end
     end
-    -- (the no-agent timeout counts from when the task is due)
-    local look = tonumber(deadline_at)
-    if nat > 0 and (look == 0 or due + nat < look) then look = due + nat end
-    if look > 0 then redis.call('ZADD', KEYS[4], look, local_id) end
-    if idem ~= '' then
+    if deadline_at ~= '0' then redis.call('ZADD', KEYS[4], deadline_at, local_id) end
+    if idem_key then
       redis.call('SET', idem_key, task_id, 'PX', idem_ttl)
     end
     out[#out + 1] = 'new'
     out[#out + 1] = task_id
   end
-  if entry ~= '' then
-    redis.call('XACK', KEYS[3], DISPATCH_GROUP, entry)
-    redis.call('XDEL', KEYS[3], entry)
+  if o.intake_entry then
+    redis.call('XACK', KEYS[3], DISPATCH_GROUP, o.intake_entry)
+    redis.call('XDEL', KEYS[3], o.intake_entry)
   end
 end
 flush_feed(c)

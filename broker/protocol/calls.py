@@ -3,7 +3,6 @@ arguments most scripts take about where events go."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -67,27 +66,3 @@ def feed_args(settings: Settings) -> list[Arg]:
 
 def wake_channel(settings: Settings) -> str:
     return Channels(settings.prefix).wake
-
-
-def policy_defaults(settings: Settings, capability: str, fleet: Mapping[str, Any] | None = None) -> str:
-    """The scripts' fallback for the fields a capability's policy hash does not hold yet (no
-    dispatcher has copied the fleet's values into it: load_policy in lua/_policy.lua), packed
-    as max attempts|timeout ms|aging ms|max queue depth|no-agent timeout ms|rate|burst|max
-    running: the fleet's values (`fleet`, the fields its hash sets) where known, else the
-    caller's settings."""
-    own = settings.capability(capability)
-    mine = {
-        "max_attempts": settings.max_attempts_for(capability),
-        "timeout_ms": settings.timeout_ms_for(capability),
-        "aging_ms": own.aging_ms or settings.aging_ms,
-        "max_queue_depth": own.max_queue_depth or settings.max_queue_depth,
-        "no_agent_timeout_ms": settings.no_agent_timeout_ms if own.no_agent_timeout_ms is None
-        else own.no_agent_timeout_ms,
-        "rate": settings.rate if own.rate is None else own.rate,
-        "burst": settings.burst if own.burst is None else own.burst,
-        "max_running": settings.max_running if own.max_running is None else own.max_running,
-    }
-    if fleet:
-        mine.update((name, value) for name, value in fleet.items() if name in mine)
-    return "|".join(f"{float(value):g}" if name == "rate" else str(int(value))
-                    for name, value in mine.items())

@@ -18,7 +18,8 @@ from typing import Any
 
 from broker.ids import is_local_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, policy_defaults, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
+from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
 
 _MAX_MS = 253_402_300_799_999

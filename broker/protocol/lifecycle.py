@@ -12,7 +12,8 @@ from broker.errors import TaskCanceled, TaskFailed
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys, Channels
 from broker.models import TaskEvent
-from broker.protocol.calls import ScriptCall, Status, feed_args, policy_defaults, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
 
 # -- cancel.lua --------------------------------------------------------------------------------
@@ -126,24 +127,32 @@ def promote_call(settings: Settings, capability: str, local_ids: Sequence[str]) 
 @dataclass(frozen=True, slots=True)
 class ExpireReply:
     expired: int
-    no_agent: int
-    """Failed with no_agent_timeout: no agent started them in time."""
     rescheduled: int
 
 
 def expire_call(settings: Settings, capability: str, local_ids: Sequence[str]) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events, ck.stats, ck.policy]
+    keys = [ck.deadlines, ck.queue, ck.delayed, ck.dlq, ck.events, ck.stats]
     keys += [ck.task(local) for local in local_ids]
     args: list[str | int | float] = [
-        *feed_args(settings), settings.result_ttl_ms, policy_defaults(settings, capability),
-        ck.inbox_prefix, Channels(settings.prefix).control_prefix, *local_ids,
+        *feed_args(settings), settings.result_ttl_ms, ck.inbox_prefix,
+        Channels(settings.prefix).control_prefix, *local_ids,
     ]
     return ScriptCall("expire", keys, args)
 
 
 def parse_expire(reply: list[Any]) -> ExpireReply:
-    return ExpireReply(int(reply[0]), int(reply[1]), int(reply[2]))
+    return ExpireReply(int(reply[0]), int(reply[1]))
+
+
+def no_agent_call(settings: Settings, capability: str, no_agent_timeout_ms: int,
+                  local_ids: Sequence[str]) -> ScriptCall:
+    """Fail the queued tasks (of `local_ids`) no agent could take for the no-agent timeout."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = [ck.queue, ck.dlq, ck.events, ck.stats, *(ck.task(local) for local in local_ids)]
+    args: list[str | int | float] = [*feed_args(settings), settings.result_ttl_ms,
+                                     no_agent_timeout_ms, *local_ids]
+    return ScriptCall("no_agent", keys, args)
 
 
 def dead_letter_raw_call(

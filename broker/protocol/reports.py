@@ -10,8 +10,9 @@ from typing import Any
 
 from broker import codec
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, policy_defaults, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
 from broker.protocol.delivery import Lease
+from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
 
 

@@ -8,6 +8,7 @@ encoded) or raises the specific BadInput. SubmitFields is the same fields as key
 
 from __future__ import annotations
 
+import json
 import secrets
 import time
 from collections.abc import Mapping, Sequence
@@ -19,7 +20,8 @@ from broker import codec
 from broker.errors import BadInput, InvalidPriority, QueueFull
 from broker.ids import check_capability, new_task_id, split_task_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, policy_defaults, wake_channel
+from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
+from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
 from broker.versions import parse_spec
 
@@ -121,6 +123,20 @@ class SubmitRequest:
     @property
     def local_id(self) -> str:
         return split_task_id(self.task_id)[1]
+
+    def options_arg(self) -> str:
+        """The options submit.lua reads from one argument: '' when none is set (the common
+        case, which costs the script nothing), else a JSON object of text values."""
+        given = {name: value for name, value in (
+            ("session_id", self.session_id), ("region", self.region),
+            ("idempotency_key", self.idempotency_key), ("metadata", self.metadata),
+            ("routing", self.routing), ("intake_entry", self.intake_entry),
+            ("timeout_ms", self.timeout_ms), ("deadline_ms", self.deadline_ms),
+            ("max_attempts", self.max_attempts), ("delay_ms", self.delay_ms), ("at_ms", self.at_ms),
+        ) if value}
+        if not given:
+            return ""
+        return json.dumps({name: str(value) for name, value in given.items()}, separators=(",", ":"))
 
 
 def _opt_text(name: str, value: object) -> str:
@@ -232,12 +248,11 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest],
     ]
     for r in requests:
         local = r.local_id
-        keys += [ck.task(local), ck.idempotency(r.idempotency_key)]
-        args += [
-            r.task_id, local, r.payload, r.priority, r.session_id, r.region, r.idempotency_key,
-            r.timeout_ms, r.deadline_ms, r.trace_id, r.metadata, r.max_attempts or "", r.routing,
-            r.intake_entry, "1" if r.wait else "", r.delay_ms, r.at_ms,
-        ]
+        keys.append(ck.task(local))
+        if r.idempotency_key:
+            keys.append(ck.idempotency(r.idempotency_key))
+        args += [r.task_id, local, r.payload, r.priority, r.trace_id, "1" if r.wait else "",
+                 r.options_arg()]
     return ScriptCall("submit", keys, args)
 
 
