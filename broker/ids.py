@@ -19,6 +19,9 @@ from broker.errors import InvalidCapability, InvalidTaskId
 CAPABILITY_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}\Z")
 _ALPHABET = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 _LOCAL_RE = re.compile(r"^[0-9A-HJKMNP-TV-Z]{26}\Z")
+# (Two characters, ten bits, at a time: 13 lookups instead of 26 for a submit's id.)
+_PAIRS = [a + b for a in _ALPHABET for b in _ALPHABET]
+_PAIR_SHIFTS = range(120, -1, -10)
 
 
 def check_capability(name: object) -> str:
@@ -46,11 +49,7 @@ def new_local_id(now_ms: int | None = None) -> str:
             if value <= _last:
                 value = _last + 1
             _last = value
-    chars = []
-    for _ in range(26):
-        chars.append(_ALPHABET[value & 31])
-        value >>= 5
-    return "".join(reversed(chars))
+    return "".join([_PAIRS[(value >> shift) & 1023] for shift in _PAIR_SHIFTS])
 
 
 def new_task_id(capability: str) -> str:

@@ -39,10 +39,11 @@ _RECHECK_S = 5.0
 
 
 class AsyncTaskHandle:
-    def __init__(self, client: AsyncReachClient, task_id: str, created: bool = True) -> None:
+    def __init__(self, client: AsyncReachClient, task_id: str, created: bool = True,
+                 capability: str | None = None) -> None:
         self._client = client
         self.task_id = task_id
-        self.capability = split_task_id(task_id)[0]
+        self.capability = capability or split_task_id(task_id)[0]
         self.created = created
 
     def __repr__(self) -> str:
@@ -122,7 +123,8 @@ class AsyncReachClient:
                 except QueueFull as exc:
                     exc.submitted = handles
                     raise
-                handles += [AsyncTaskHandle(self, task_id, created) for task_id, created in rows]
+                handles += [AsyncTaskHandle(self, task_id, created, capability)
+                            for task_id, created in rows]
         return handles
 
     async def _remember_capability(self, capability: str) -> None:

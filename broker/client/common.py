@@ -12,6 +12,7 @@ from typing import Any
 from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
 from broker.policy import fields_set
+from broker.protocol.packed_policy import FleetItems, fleet_items
 from broker.protocol.submit import (
     SubmitFields,
     SubmitOptions,
@@ -67,13 +68,13 @@ class FleetPolicy:
     fleet's policy, not the producer's environment."""
 
     def __init__(self) -> None:
-        self.fields: dict[str, Any] = {}
+        self.fields: FleetItems = ()
         self._until = 0.0
 
     def stale(self) -> bool:
         return time.monotonic() >= self._until
 
-    def take(self, raw: Any) -> dict[str, Any]:
-        self.fields = fields_set(raw or {})
+    def take(self, raw: Any) -> FleetItems:
+        self.fields = fleet_items(fields_set(raw or {}))
         self._until = time.monotonic() + FLEET_POLICY_TTL_S
         return self.fields

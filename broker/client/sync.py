@@ -33,6 +33,7 @@ from broker.ops.cancel import CancelReport, cancel_all, cancel_one, select
 from broker.policy import Policy
 from broker.protocol import lifecycle
 from broker.protocol.calls import Status
+from broker.protocol.packed_policy import FleetItems
 from broker.protocol.policy import Change
 from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
 from broker.registry import clock_of
@@ -60,10 +61,10 @@ class TaskHandle:
     """A submitted task. Cheap to make; every method asks Redis afresh."""
 
     def __init__(self, client: ReachClient, task_id: str, created: bool = True,
-                 registered_at: float | None = None) -> None:
+                 registered_at: float | None = None, capability: str | None = None) -> None:
         self._client = client
         self.task_id = task_id
-        self.capability = split_task_id(task_id)[0]
+        self.capability = capability or split_task_id(task_id)[0]
         self.created = created
         """False when an idempotency key matched an earlier task and this handle points to it."""
         self._registered_at = registered_at
@@ -159,11 +160,12 @@ class ReachClient:
                     exc.submitted = handles
                     raise
                 now = time.monotonic()
-                handles += [TaskHandle(self, task_id, created, now if created and batch[0].wait else None)
+                handles += [TaskHandle(self, task_id, created, now if created and batch[0].wait else None,
+                                       capability)
                             for task_id, created in rows]
         return handles
 
-    def _fleet_policy(self) -> dict[str, Any]:
+    def _fleet_policy(self) -> FleetItems:
         """(A fallback's read: when Redis is away the last one stands, and the write rides
         out the outage.)"""
         if self._fleet.stale():

@@ -59,7 +59,7 @@ local function other_outcome(c, r, task_key, f, dlq, delayed)
     redis.call('HSET', task_key, unpack(h))
     finish(c, task_key, f[8], succeeded_outcome(r.body))
     return 'ok'
-  elseif r.outcome == 'retryable_failure' and attempt < (tonumber(f[5]) or tonumber(r.max_attempts)) then
+  elseif r.outcome == 'retryable_failure' and attempt < (tonumber(f[5]) or tonumber(r.policy().max_attempts)) then
     h[k + 1] = 'state'; h[k + 2] = 'retrying'; h[k + 3] = 'error'; h[k + 4] = r.body
     h[k + 5] = 'last_agent_id'; h[k + 6] = r.agent
     seq = add_event(h, c, f[9], seq, attempt, f[7], 'retry_scheduled', r.agent, r.now_s,
@@ -80,7 +80,7 @@ local function other_outcome(c, r, task_key, f, dlq, delayed)
 end
 
 -- Apply one report `r` (agent, fence, outcome, body, backoff, exec_ms, now, now_s, token_sha(),
--- max_attempts: the policy's, for a task that names none)
+-- policy(): the capability's, whose max_attempts holds for a task that names none)
 -- to its task; returns its status ('ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone')
 -- and the record as read (OUTCOME_FIELDS).
 local function apply_outcome(c, r, task_key, dlq, delayed)

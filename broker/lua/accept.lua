@@ -20,7 +20,11 @@ if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} en
 local started = ARGV[6] == '1'
 local n = #KEYS - 6
 local stats = KEYS[5]
-local p = load_policy(KEYS[6], ARGV[7])
+local p = nil  -- (the policy, read only when a row needs it)
+local function policy()
+  p = p or load_policy(KEYS[6], ARGV[7])
+  return p
+end
 local now = now_ms()
 local out = {}
 local token_sha = redis.sha1hex(ARGV[2])
@@ -34,8 +38,8 @@ end
 local function row(status, t)
   out[#out + 1] = status
   if status == 'ok' and not started then
-    local r = {t.payload, t.attempt, own_or(t.timeout_ms, p.timeout_ms), t.deadline_at, t.trace_id,
-               t.session_id, t.metadata, own_or(t.max_attempts, p.max_attempts), t.id}
+    local r = {t.payload, t.attempt, own_or(t.timeout_ms, policy().timeout_ms), t.deadline_at, t.trace_id,
+               t.session_id, t.metadata, own_or(t.max_attempts, policy().max_attempts), t.id}
     for j = 1, 9 do out[#out + 1] = r[j] or '' end
   else
     for _ = 1, 9 do out[#out + 1] = '' end
@@ -65,7 +69,7 @@ for i = 0, n - 1 do
   elseif t.state == 'running' and mine then
     -- Accepted by an earlier incarnation of this agent id, which died while running it. This
     -- is a new attempt (so a task that kills its worker every time still ends in the DLQ).
-    if tonumber(t.attempt) >= (tonumber(t.max_attempts) or tonumber(p.max_attempts)) then
+    if tonumber(t.attempt) >= (tonumber(t.max_attempts) or tonumber(policy().max_attempts)) then
       drop(entry)
       fail_task(c, t, KEYS[2], 'retries_exhausted',
         'the agent restarted while running the task, ' .. t.attempt .. ' time(s)', agent, now)

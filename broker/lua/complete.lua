@@ -23,10 +23,14 @@ local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'refused'} end
 local n = #KEYS - 13
 local health, ceiling, stats = KEYS[6], tonumber(ARGV[7]), KEYS[9]
-local p = load_policy(KEYS[12], ARGV[11])
+local p = nil  -- (the policy, read only when a retry decision or a pull needs it)
+local function policy()
+  p = p or load_policy(KEYS[12], ARGV[11])
+  return p
+end
 local now = now_ms()
 local sha = nil
-local r = {agent = agent, now = now, now_s = jint(now), max_attempts = p.max_attempts,
+local r = {agent = agent, now = now, now_s = jint(now), policy = policy,
            token_sha = function() sha = sha or redis.sha1hex(ARGV[2]); return sha end}
 local statuses, entries = {}, {}
 local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their execution time
@@ -73,8 +77,9 @@ local pulled = 0
 if pull and ceiling > 0 and tonumber(redis.call('HGET', health, 'cs:' .. agent) or '0') > 0 then
   pull = nil
 end
-if pull and (p.paused or redis.call('HEXISTS', KEYS[5], DRAINING .. agent) == 1) then pull = nil end
+if pull and (policy().paused or redis.call('HEXISTS', KEYS[5], DRAINING .. agent) == 1) then pull = nil end
 if pull then
+  local p = policy()
   local want = math.max(0, math.min(timed, pull_limit(pull) - (len - pending), room_to_run(stats, p)))
   local tokens = take_tokens(KEYS[13], p, want, now)
   local pp = {queue = KEYS[7], dlq = KEYS[3], task_prefix = ARGV[9], low_max = tonumber(ARGV[8]),

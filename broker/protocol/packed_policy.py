@@ -11,11 +11,10 @@ when the hash lacks a field, which the caller's fallback then fills in.
 
 from __future__ import annotations
 
-import threading
-import weakref
 from collections.abc import Mapping
 from typing import Any
 
+from broker.protocol.cache import cached
 from broker.settings import Settings
 
 PACKED_FIELDS = ("max_attempts", "timeout_ms", "aging_ms", "max_queue_depth", "no_agent_timeout_ms",
@@ -47,31 +46,24 @@ def unpack(packed: str) -> dict[str, str]:
     return {"gated": gated, **dict(zip(PACKED_FIELDS, values, strict=True))}
 
 
-# Per Settings object (by identity: a pydantic model is not hashable), dropped with it.
-_cache: dict[int, tuple[weakref.ref[Settings], dict[tuple[Any, ...], str]]] = {}
-_lock = threading.Lock()
+FleetItems = tuple[tuple[str, Any], ...]
+"""The fields the fleet's policy hash sets, sorted by name (hashable, for the cache)."""
 
 
-def _known(settings: Settings) -> dict[tuple[Any, ...], str]:
-    entry = _cache.get(id(settings))
-    if entry is None or entry[0]() is not settings:
-        entry = (weakref.ref(settings), {})
-        _cache[id(settings)] = entry
-        weakref.finalize(settings, _cache.pop, id(settings), None)
-    return entry[1]
+def fleet_items(fields: Mapping[str, Any]) -> FleetItems:
+    return tuple(sorted(fields.items()))
 
 
-def policy_defaults(settings: Settings, capability: str, fleet: Mapping[str, Any] | None = None) -> str:
+def policy_defaults(settings: Settings, capability: str, fleet: FleetItems = ()) -> str:
     """The scripts' fallback for the fields a capability's policy hash does not hold yet (no
     dispatcher has copied the fleet's values into it), packed: the fleet's values (`fleet`, the
     fields its hash sets) where known, else the caller's settings. Cached: every script call of
     a hot path passes it."""
-    key = (capability, tuple(sorted(fleet.items())) if fleet else ())
-    with _lock:
-        known = _known(settings)
-        found = known.get(key)
-    if found is not None:
-        return found
+    return cached(settings, ("policy_defaults", capability, fleet),
+                  lambda: _defaults(settings, capability, fleet))
+
+
+def _defaults(settings: Settings, capability: str, fleet: FleetItems) -> str:
     own = settings.capability(capability)
     mine: dict[str, Any] = {
         "max_attempts": settings.max_attempts_for(capability),
@@ -85,11 +77,5 @@ def policy_defaults(settings: Settings, capability: str, fleet: Mapping[str, Any
         "max_running": settings.max_running if own.max_running is None else own.max_running,
         "paused": False,
     }
-    if fleet:
-        mine.update((name, value) for name, value in fleet.items() if name in mine)
-    packed = pack(mine)
-    with _lock:
-        if len(known) > 256:  # (a producer of many capabilities and changing fleet policies)
-            known.clear()
-        known[key] = packed
-    return packed
+    mine.update((name, value) for name, value in fleet if name in mine)
+    return pack(mine)

@@ -11,17 +11,18 @@ from __future__ import annotations
 import json
 import secrets
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from typing import Any, TypedDict
 
 from broker import codec
 from broker.errors import BadInput, InvalidPriority, QueueFull
-from broker.ids import check_capability, new_task_id, split_task_id
+from broker.ids import check_capability, new_local_id
 from broker.keys import CapabilityKeys
-from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
-from broker.protocol.packed_policy import policy_defaults
+from broker.protocol.cache import cached
+from broker.protocol.calls import Arg, ScriptCall, Status, feed_args, wake_channel
+from broker.protocol.packed_policy import FleetItems, policy_defaults
 from broker.settings import Settings
 from broker.versions import parse_spec
 
@@ -101,6 +102,8 @@ class SubmitRequest:
 
     capability: str
     task_id: str
+    local_id: str
+    """The task id's part after the capability."""
     payload: str
     priority: int = 5
     session_id: str = ""
@@ -119,10 +122,6 @@ class SubmitRequest:
     """The producer will block on the task's done list (its outcome is pushed there)."""
     delay_ms: int = 0
     at_ms: int = 0
-
-    @property
-    def local_id(self) -> str:
-        return split_task_id(self.task_id)[1]
 
     def options_arg(self) -> str:
         """The options submit.lua reads from one argument: '' when none is set (the common
@@ -211,9 +210,11 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
         if not isinstance(options.metadata, dict):
             raise BadInput("metadata must be a JSON object (a dict with string keys)")
         meta = codec.encode_payload(options.metadata, settings.max_payload_bytes, where="metadata")
+    local_id = new_local_id()
     return SubmitRequest(
         capability=capability,
-        task_id=new_task_id(capability),
+        task_id=f"{capability}:{local_id}",
+        local_id=local_id,
         payload=encoded,
         priority=options.priority,
         session_id=_opt_text("session_id", options.session_id),
@@ -232,26 +233,41 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
     )
 
 
-def submit_call(settings: Settings, requests: Sequence[SubmitRequest],
-                fleet: Mapping[str, Any] | None = None) -> ScriptCall:
+@dataclass(frozen=True, slots=True)
+class _SubmitFrame:
+    """What every submit call of one capability shares (built once per settings)."""
+
+    keys: tuple[str, ...]
+    args: tuple[Arg, ...]
+    """The fixed arguments after the policy defaults."""
+    task_prefix: str
+    idempotency_prefix: str
+
+
+def _frame(settings: Settings, capability: str) -> _SubmitFrame:
+    ck = CapabilityKeys(settings.prefix, capability)
+    maxlen, task_channels = feed_args(settings)
+    return _SubmitFrame(
+        (ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted,
+         ck.policy, ck.rate, ck.delayed),
+        (settings.idempotency_ttl_ms, maxlen, task_channels, capability, ck.inbox_prefix,
+         settings.cold_start_max_priority, wake_channel(settings)),
+        ck.task(""), ck.idempotency(""))
+
+
+def submit_call(settings: Settings, requests: Sequence[SubmitRequest], fleet: FleetItems = ()) -> ScriptCall:
     """`fleet`: the fleet's policy fields as the producer last read them (see policy_defaults)."""
     capability = requests[0].capability
     if any(r.capability != capability for r in requests):
         raise BadInput("one submit call serves one capability")
-    ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted,
-            ck.policy, ck.rate, ck.delayed]
-    maxlen, task_channels = feed_args(settings)
-    args: list[str | int | float] = [
-        policy_defaults(settings, capability, fleet), settings.idempotency_ttl_ms, maxlen, task_channels,
-        capability, ck.inbox_prefix, settings.cold_start_max_priority, wake_channel(settings),
-    ]
+    frame = cached(settings, ("submit", capability), lambda: _frame(settings, capability))
+    keys = list(frame.keys)
+    args: list[Arg] = [policy_defaults(settings, capability, fleet), *frame.args]
     for r in requests:
-        local = r.local_id
-        keys.append(ck.task(local))
+        keys.append(frame.task_prefix + r.local_id)
         if r.idempotency_key:
-            keys.append(ck.idempotency(r.idempotency_key))
-        args += [r.task_id, local, r.payload, r.priority, r.trace_id, "1" if r.wait else "",
+            keys.append(frame.idempotency_prefix + r.idempotency_key)
+        args += [r.task_id, r.local_id, r.payload, r.priority, r.trace_id, "1" if r.wait else "",
                  r.options_arg()]
     return ScriptCall("submit", keys, args)
 
