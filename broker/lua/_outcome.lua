@@ -66,7 +66,7 @@ local function other_outcome(c, r, task_key, f, dlq, delayed)
       '{"delay_ms":' .. jint(r.backoff) .. ',"error":' .. jstr(r.body) .. '}')
     h[#h + 1] = 'seq'; h[#h + 1] = seq
     redis.call('HSET', task_key, unpack(h))
-    redis.call('ZADD', delayed, r.now + r.backoff, string.match(f[9], ':(.*)$'))
+    redis.call('ZADD', delayed, r.now + (tonumber(r.backoff) or 0), string.match(f[9], ':(.*)$'))
     return 'retry'
   end
   if k > 0 then

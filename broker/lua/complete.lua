@@ -42,7 +42,7 @@ for i = 0, n - 1 do
   local a = 12 + 6 * i
   entries[i + 1] = ARGV[a]
   r.fence, r.outcome, r.body = ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
-  r.backoff, r.exec_ms = tonumber(ARGV[a + 4]), ARGV[a + 5]
+  r.backoff, r.exec_ms = ARGV[a + 4], ARGV[a + 5]  -- (text: a retry converts the backoff)
   local status, f = apply_outcome(c, r, KEYS[14 + i], KEYS[3], KEYS[2])
   if status == 'ok' then
     oks = oks + 1
@@ -53,7 +53,11 @@ for i = 0, n - 1 do
     timed = timed + 1
     timed_ms = timed_ms + (tonumber(r.exec_ms) or 0)
   end
-  note_health(h, status, r.outcome, r.exec_ms, ceiling)
+  if status ~= 'ok' or ceiling > 0 then
+    note_health(h, status, r.outcome, r.exec_ms, ceiling)
+  else
+    h.succeeded, h.failures = true, 0  -- (note_health's case of a success with no ceiling)
+  end
   statuses[i + 1] = status
 end
 
