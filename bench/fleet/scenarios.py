@@ -100,14 +100,14 @@ def all_scenarios(timings: Timings) -> list[Scenario]:
         Scenario("blackhole", "black hole", "a1 fails every task at once with a retryable error",
                  failing=("a1",), bad=("a1",)),
         Scenario("dying", "dying agents",
-                 f"a1 SIGKILLed a third of the way in; a2 SIGSTOPped halfway for {timings.stop_s:.0f} s, "
+                 f"a1 SIGKILLed a third of the way in; a2 SIGSTOPped halfway for {timings.stop_s:g} s, "
                  "then SIGCONTed",
                  events=(Event(1 / 3, "kill", "a1"), Event(1 / 2, "stop", "a2"),
                          Event(1 / 2, "cont", "a2", after_s=timings.stop_s)),
                  bad=("a1", "a2")),
         Scenario("cold", "cold joiner",
                  f"7 agents; a8 joins halfway, {COLD_FACTOR:.0f} x slower for its first "
-                 f"{timings.cold_s:.0f} s of work",
+                 f"{timings.cold_s:g} s of work",
                  events=(Event(1 / 2, "join", "a8"),), cold=("a8",), late=("a8",), bad=("a8",)),
     ]
 
