@@ -14,9 +14,11 @@ fleet-<stem>.md. Exit status 0 when every run gave figures, 1 when one failed, 1
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
+import sys
 import time
 import traceback
 from dataclasses import replace
@@ -26,7 +28,7 @@ from typing import Any
 from rich.console import Console
 
 from bench.fleet import report
-from bench.fleet.plot import plot_scenario
+from bench.fleet.plot import plot_all
 from bench.fleet.runner import FleetOptions, run_one
 from bench.fleet.scenarios import SCENARIO_KEYS, Timings, all_scenarios
 from bench.fleet.systems import SYSTEMS, RunContext, System
@@ -67,6 +69,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--redis-server", help="start each run's Redis from this redis-server binary")
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="results directory")
     parser.add_argument("--keep-logs", action="store_true", help="keep the agents' logs and outcomes")
+    parser.add_argument("--replot", type=Path, metavar="JSON",
+                        help="only draw the plots again from a run's fleet-<stem>.json (and its series)")
     args = parser.parse_args(argv)
     args.only = _names(parser, "--only", args.only, [s.key for s in SYSTEMS])
     args.scenarios = _names(parser, "--scenarios", args.scenarios, SCENARIO_KEYS)
@@ -123,6 +127,8 @@ def describe(cls: type[System], opts: FleetOptions, console: Console) -> dict[st
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
+    if args.replot:
+        return replot(args.replot)
     console = Console()
     if not console.is_terminal:
         console = Console(width=150)  # (the tables' eleven columns, in a log file too)
@@ -163,6 +169,18 @@ def main(argv: list[str]) -> int:
             shutil.rmtree(opts.log_dir, ignore_errors=True)
 
 
+def replot(path: Path) -> int:
+    """Draw a recorded run's plots again (e.g. after the plot changed), beside its JSON."""
+    result = json.loads(path.read_text())
+    series_path = path.with_name(f"{path.stem}-series.json")
+    if not series_path.exists():
+        print(f"{series_path} is missing: every task's latency is needed to plot", file=sys.stderr)
+        return 2
+    for note in plot_all(result, json.loads(series_path.read_text()), path.with_suffix("")).values():
+        print(note)
+    return 0
+
+
 def measure(cls: type[System], scenario: Any, opts: FleetOptions, sup: Supervisor, console: Console,
             series: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """One run's entry for the JSON: its summary, or the error that stopped it."""
@@ -189,16 +207,7 @@ def finish(result: dict[str, Any], series: dict[str, dict[str, Any]], opts: Flee
                      if key in result["systems"]}
     result["meta"]["duration_s"] = round(time.time() - result["meta"]["started_epoch"], 1)
     result["meta"]["load_average_at_end"] = os.getloadavg()
-    titles = {k: v["title"] for k, v in result["systems"].items()}
-    caption = (f"{result['meta']['command']} — {result['meta']['started']} — commit "
-               f"{(result['meta']['commit'] or '')[:7]} — {result['meta']['cpu']}")
-    result["plots"] = {}
-    for scenario in result["scenarios"]:
-        runs = {k: {**v, "series": series.get(scenario["key"], {}).get(k)}
-                for k, v in result["results"].get(scenario["key"], {}).items()}
-        path = out / f"fleet-{stem}-{scenario['key']}.png"
-        note = plot_scenario(path, scenario, runs, titles, caption)
-        result["plots"][scenario["key"]] = str(path) if note is None else note
+    result["plots"] = plot_all(result, series, out / f"fleet-{stem}")
     json_path = out / f"fleet-{stem}.json"
     report.write_json(json_path, result)
     report.write_json(out / f"fleet-{stem}-series.json", series)

@@ -89,8 +89,8 @@ def print_tables(console: Console, result: dict[str, Any]) -> None:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    """One Markdown table per scenario (the README's)."""
-    lines = []
+    """The compact tables (the README's), then one full table per scenario."""
+    lines = [pivot(result)]
     for scenario in result["scenarios"]:
         systems = result["results"].get(scenario["key"], {})
         lines += [f"**{scenario['title']}**: {scenario['what']}", "",
@@ -101,6 +101,30 @@ def markdown(result: dict[str, Any]) -> str:
                 title = result["systems"][system_key]["title"]
                 cells = " | ".join(cell(entry["summary"], k) for k, _ in COLUMNS)
                 lines.append(f"| {title} | {cells} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+PIVOTS = [("p99 ms (max ms)", lambda s: f"{cell(s, 'p99_ms')} ({cell(s, 'max_ms')})"),
+          ("failed (dead letters) / ran twice to effect / unfinished",
+           lambda s: f"{s['failed']} / {s['twice_to_effect']} / {s['unfinished']}"),
+          ("tasks that touched the bad agent %; attempts per task",
+           lambda s: f"{cell(s, 'touched_bad_pct')}; {cell(s, 'attempts_mean')}")]
+
+
+def pivot(result: dict[str, Any]) -> str:
+    """The README's compact tables: one figure per system (rows) and scenario (columns)."""
+    scenarios = result["scenarios"]
+    lines = []
+    for label, value in PIVOTS:
+        lines += [f"| {label} | " + " | ".join(s["title"] for s in scenarios) + " |",
+                  "|---|" + "---:|" * len(scenarios)]
+        for key, system in result["systems"].items():
+            cells = []
+            for s in scenarios:
+                entry = result["results"].get(s["key"], {}).get(key, {})
+                cells.append(value(entry["summary"]) if "summary" in entry else "—")
+            lines.append(f"| {system['title']} | " + " | ".join(cells) + " |")
         lines.append("")
     return "\n".join(lines)
 

@@ -29,6 +29,8 @@ from bench.target import Target
 
 LEAD_MS = 500.0
 """How far ahead of GO the producer's first task is due (so that every part starts on time)."""
+SETTLE_S = 2.0
+"""After the last outcome of a scenario with events: time for late executions to end and report."""
 
 
 @dataclass
@@ -94,17 +96,23 @@ class Run:
                 self.stopped.discard(name)
 
     def play(self, producer: Proc, t0: float) -> str:
-        """Play the events while the producer runs; the path its RESULT line names."""
+        """Play every event, also after the producer has every outcome (a frozen agent thawed
+        late still reports, and a result the system accepts then would be a duplicate); the
+        path the producer's RESULT line names."""
         w = self.opts.workload
         pending = sorted(self.scenario.events, key=lambda e: e.at_s(w))
         end = t0 / 1000 + w.seconds + self.opts.deadline_s + 60
         while pending:
             due = t0 / 1000 + pending[0].at_s(w)
             while time.time() < due:
-                producer.check_alive()
+                if producer.popen.poll() not in (None, 0):
+                    producer.check_alive()  # (raises, with the producer's log)
                 time.sleep(min(0.01, max(0.0, due - time.time())))
             self.act(pending.pop(0))
-        return producer.wait_line("RESULT", max(5.0, end - time.time()))
+        path = producer.wait_line("RESULT", max(5.0, end - time.time()))
+        if self.scenario.events:
+            time.sleep(SETTLE_S)
+        return path
 
     def stop(self) -> None:
         for name in self.stopped:
@@ -126,21 +134,23 @@ def run_one(system_cls: type[System], scenario: Scenario, opts: FleetOptions, su
     run = Run(system, scenario, opts)
     load_before = os.getloadavg()
     try:
-        system.prepare()
-        plan, out = run_dir / "plan.json", run_dir / "outcomes.json"
-        write_plan(plan, opts.workload)
-        run.start_fleet()
-        producer = system.start_producer(plan, out, opts.deadline_s)
-        producer.wait_line("READY", 60)
-        t0 = time.time() * 1000 + LEAD_MS
-        producer.send(f"GO {t0:.0f}")
-        result_path = Path(run.play(producer, t0))
+        try:
+            system.prepare()
+            plan, out = run_dir / "plan.json", run_dir / "outcomes.json"
+            write_plan(plan, opts.workload)
+            run.start_fleet()
+            producer = system.start_producer(plan, out, opts.deadline_s)
+            producer.wait_line("READY", 60)
+            t0 = time.time() * 1000 + LEAD_MS
+            producer.send(f"GO {t0:.0f}")
+            result_path = Path(run.play(producer, t0))
+        finally:
+            run.stop()
+            sup.forget_dead()
+        rows = json.loads(result_path.read_text())["tasks"]
+        return figures(system, scenario, opts.timings, run, rows, t0, load_before)  # (reads Redis)
     finally:
-        run.stop()
         target.close()
-        sup.forget_dead()
-    rows = json.loads(result_path.read_text())["tasks"]
-    return figures(system, scenario, opts.timings, run, rows, t0, load_before)
 
 
 def figures(system: System, scenario: Scenario, timings: Timings, run: Run, rows: list[list[Any]],
