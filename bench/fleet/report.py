@@ -8,6 +8,7 @@ and none run twice to effect.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,8 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-PIVOTS = [("p99 ms (max ms)", lambda s: f"{cell(s, 'p99_ms')} ({cell(s, 'max_ms')})"),
+PIVOTS: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+          ("p99 ms (max ms)", lambda s: f"{cell(s, 'p99_ms')} ({cell(s, 'max_ms')})"),
           ("failed (dead letters) / ran twice to effect / unfinished",
            lambda s: f"{s['failed']} / {s['twice_to_effect']} / {s['unfinished']}"),
           ("tasks that touched the bad agent %; attempts per task",

@@ -2,7 +2,8 @@
 
 Settings (each said in the report): `task_acks_late` so that a task whose worker died is
 delivered again; the Redis transport's `visibility_timeout` lowered from one hour to 30 s (Reach's
-lease) with the unacked sweep every 10 s, or a killed worker's tasks would wait an hour; the
+lease) with the unacked sweep every 10 s (kombu 5.7's options; an older kombu sweeps at its own
+pace), or a killed worker's tasks would wait an hour; the
 prefetch left at its default (4 x concurrency); retries with autoretry_for: 3 attempts in all,
 exponential backoff from Celery's smallest factor (1 s) with its default full jitter.
 
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from celery import Celery
+from celery import Celery  # type: ignore[import-untyped]
 
 from bench.fleet.behaviour import AgentFailure, run_sync
 

@@ -13,12 +13,12 @@ import argparse
 import sys
 from typing import Any
 
-from celery.signals import worker_ready
+from celery.signals import worker_ready  # type: ignore[import-untyped]
 
 from bench.fleet.agents.celery_app import QUEUE, app
 
 
-@worker_ready.connect
+@worker_ready.connect  # type: ignore[untyped-decorator]
 def _ready(**_: Any) -> None:
     out = sys.__stdout__  # (Celery redirects sys.stdout to its logger)
     assert out is not None

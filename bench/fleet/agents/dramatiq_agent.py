@@ -30,9 +30,9 @@ def build(url: str) -> tuple[Any, Any, Any]:
     from dramatiq.results import Results
     from dramatiq.results.backends.redis import RedisBackend
 
-    broker: Any = RedisBroker(url=url, namespace=NAMESPACE)
-    backend: Any = RedisBackend(url=url, namespace=f"{NAMESPACE}-results")
-    broker.add_middleware(Results(backend=backend))
+    broker: Any = RedisBroker(url=url, namespace=NAMESPACE)  # type: ignore[no-untyped-call]
+    backend: Any = RedisBackend(url=url, namespace=f"{NAMESPACE}-results")  # type: ignore[no-untyped-call]
+    broker.add_middleware(Results(backend=backend))  # type: ignore[no-untyped-call]
     declare: Any = dramatiq.actor
     actor = declare(work, actor_name="work", queue_name=QUEUE, store_results=True, broker=broker,
                     max_retries=2, min_backoff=500, max_backoff=8000)

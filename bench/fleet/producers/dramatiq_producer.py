@@ -23,7 +23,7 @@ WAKE = "fleet-producer-wake"
 
 class Watcher:
     def __init__(self, url: str, book: Book) -> None:
-        self.r = redis.Redis.from_url(url, decode_responses=True)
+        self.r: Any = redis.Redis.from_url(url, decode_responses=True)
         self.book = book
         self.keys: dict[str, int] = {}
         self.lock = threading.Lock()

@@ -22,7 +22,7 @@ class CelerySystem(System):
         return None
 
     def settings(self) -> dict[str, Any]:
-        import celery
+        import celery  # type: ignore[import-untyped]
 
         from bench.fleet.agents.celery_app import MAX_RETRIES, VISIBILITY_TIMEOUT_S
 

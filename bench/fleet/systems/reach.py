@@ -76,7 +76,7 @@ class ReachSystem(System):
     def refused(self, tasks: dict[int, str]) -> dict[int, int]:
         import redis
 
-        r = redis.Redis.from_url(self.ctx.url, decode_responses=True)
+        r: Any = redis.Redis.from_url(self.ctx.url, decode_responses=True)
         keys = CapabilityKeys(self.ctx.prefix, CAPABILITY)
         out: dict[int, int] = {}
         for i, task_id in tasks.items():
