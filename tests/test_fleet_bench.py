@@ -66,20 +66,18 @@ def test_each_scenario_names_its_bad_agents_windows_from_what_happened():
 
 
 def test_a_smoke_run_drives_reach_through_a_black_hole_and_counts_it(tmp_path):
+    # (One scenario keeps it to seconds; with 120 tasks a1 takes a few before its circuit opens.)
     n = 120
-    code = main(["--smoke", "--only", "reach", "--scenarios", "healthy,blackhole", "--n", str(n),
+    code = main(["--smoke", "--only", "reach", "--scenarios", "blackhole", "--n", str(n),
                  "--out", str(tmp_path)])
     assert code == 0
     (path,) = [p for p in tmp_path.glob("fleet-*.json") if not p.name.endswith("-series.json")]
     result = json.loads(path.read_text())
-    healthy = result["results"]["healthy"]["reach"]["summary"]
-    assert (healthy["completed"], healthy["failed"], healthy["unfinished"]) == (n, 0, 0)
-    assert healthy["attempts"] == {"1": n} and healthy["touched_bad"] == 0
     hole = result["results"]["blackhole"]["reach"]["summary"]
-    assert hole["completed"] == n and hole["failed"] == 0
-    # Every task the black hole took failed there and ran again elsewhere.
-    assert hole["executions_on"].get("a1", 0) == hole["touched_bad"]
-    assert sum(int(k) * v for k, v in hole["attempts"].items()) == n + hole["touched_bad"]
+    assert (hole["completed"], hole["failed"], hole["unfinished"], hole["twice_to_effect"]) == (n, 0, 0, 0)
+    # Every task the black hole took failed there and ran once more elsewhere; no other task
+    # ran more than once.
+    assert 0 < hole["executions_on"]["a1"] == hole["touched_bad"]
+    assert hole["attempts"] == {"1": n - hole["touched_bad"], "2": hole["touched_bad"]}
     assert set(result["bar"]["reach"]) == {"blackhole"}
-    for scenario in ("healthy", "blackhole"):
-        assert (tmp_path / f"{path.stem}-{scenario}.png").stat().st_size > 10_000
+    assert (tmp_path / f"{path.stem}-blackhole.png").stat().st_size > 10_000
