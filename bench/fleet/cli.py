@@ -27,6 +27,7 @@ from typing import Any
 
 from rich.console import Console
 
+from bench.context import child_env, python
 from bench.fleet import report
 from bench.fleet.plot import plot_all
 from bench.fleet.runner import FleetOptions, run_one
@@ -112,13 +113,18 @@ def chosen_systems(args: argparse.Namespace) -> list[type[System]]:
     return systems
 
 
-def describe(cls: type[System], opts: FleetOptions, console: Console) -> dict[str, Any]:
-    """The system's title and settings, or why it is skipped."""
-    ctx = RunContext(url="", prefix="", run_dir=opts.log_dir, sup=Supervisor(opts.log_dir),
-                     env=dict, python=list, concurrency=opts.workload.concurrency,
+def describe(cls: type[System], opts: FleetOptions, sup: Supervisor, console: Console) -> dict[str, Any]:
+    """The system's title and settings, or why it is skipped (no run: no Redis, no process)."""
+    ctx = RunContext(url="", prefix="", run_dir=opts.log_dir, sup=sup, env=child_env, python=python,
+                     concurrency=opts.workload.concurrency,
                      log=console.print, reach_env=opts.reach_env if cls.tuned else {})
     system = cls(ctx)
     note = system.unavailable()
+    if note is None:
+        try:
+            system.install()
+        except Exception as exc:  # e.g. npm cannot reach its registry: skip, say why
+            note = f"could not be installed: {exc}"
     if note is not None:
         console.print(f"[yellow]{cls.title} skipped: {note}[/yellow]")
         return {"title": cls.title, "status": "skipped", "note": note}
@@ -143,7 +149,7 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     started = time.time()
     scenarios = [s for s in all_scenarios(opts.timings) if s.key in args.scenarios]
-    systems = {cls.key: describe(cls, opts, console) for cls in chosen_systems(args)}
+    systems = {cls.key: describe(cls, opts, sup, console) for cls in chosen_systems(args)}
     runnable = [cls for cls in chosen_systems(args) if systems[cls.key]["status"] == "ok"]
     result: dict[str, Any] = {
         "meta": meta(args, argv, started), "workload": opts.workload.describe(),

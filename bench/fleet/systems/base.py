@@ -48,8 +48,11 @@ class System(ABC):
         """Why this system cannot run here (skipped with that note), or None."""
         return None
 
+    def install(self) -> None:  # noqa: B027 - optional hook
+        """Once per benchmark, before any run (npm install); an error skips the system."""
+
     def prepare(self) -> None:  # noqa: B027 - optional hook
-        """One-time set-up (npm install, script loading)."""
+        """Once per run, on its fresh Redis (Reach loads its scripts)."""
 
     @abstractmethod
     def settings(self) -> dict[str, Any]:

@@ -24,7 +24,7 @@ class BullMQSystem(System):
     def unavailable(self) -> str | None:
         return bullmq_row.unavailable()
 
-    def prepare(self) -> None:
+    def install(self) -> None:
         bullmq_row.install(self.ctx.log)
 
     def settings(self) -> dict[str, Any]:
