@@ -3,6 +3,7 @@
     python -m bench                      # full run (10,000 tasks, 3 repetitions), embedded Redis
     python -m bench --smoke              # what CI runs: tiny sizes, 1 repetition, < 1 minute
     python -m bench --only reach,bullmq  # some rows / figures only (see --help for the names)
+    python -m bench fleet [--smoke]      # issue 29's fleet benchmark (see bench/fleet/cli.py)
     REDIS_URL=redis://host:6379/5 python -m bench   # on that server (only our keys are deleted)
 
 Output: bench/results/<stem>.json, .md (the tables) and .png, <stem> being the run's local start
@@ -14,10 +15,8 @@ failed, 130 on Ctrl-C. Every process the harness started is killed in every case
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -33,7 +32,8 @@ from rich.markup import escape
 from bench import dispatch_bench, markdown, reach_extra, report
 from bench.context import Bench, Options
 from bench.plot import plot
-from bench.procs import ROOT, Supervisor
+from bench.procs import Supervisor
+from bench.provenance import git_state, machine
 from bench.rows.base import Row
 from bench.rows.bullmq import BullMQRow
 from bench.rows.dramatiq_row import DramatiqRow
@@ -102,26 +102,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def machine() -> dict[str, Any]:
-    cpu = ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    mem_gib = None
-    with contextlib.suppress(OSError, ValueError, IndexError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                mem_gib = round(int(line.split()[1]) / 1024 / 1024, 1)
-    load = None
-    with contextlib.suppress(OSError):
-        load = os.getloadavg()
-    return {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": mem_gib,
-            "kernel": platform.release(), "python": platform.python_version(),
-            "load_average_at_start": load}
-
-
 def versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {}
     for dist in ("agent-reach", "redis", "hiredis", "rq", "dramatiq", "matplotlib", "rich"):
@@ -134,15 +114,6 @@ def versions() -> dict[str, str | None]:
     if node:
         out["node"] = subprocess.run([node, "--version"], capture_output=True, text=True).stdout.strip()
     return out
-
-
-def git_state() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        done = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
-        return done.stdout.strip() if done.returncode == 0 else ""
-
-    dirty = git("status", "--porcelain", "--", "broker", "dispatcher", "agent_worker", "reach_cli")
-    return {"commit": git("rev-parse", "HEAD") or None, "reach_code_dirty": bool(dirty)}
 
 
 class Run:
@@ -244,6 +215,11 @@ class Run:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["fleet"]:
+        from bench.fleet.cli import main as fleet_main
+
+        return fleet_main(argv[1:])
     args = parse_args(argv)
     console = Console()
     stem = time.strftime("%Y-%m-%dT%H%M%S")

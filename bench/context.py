@@ -96,22 +96,30 @@ class Bench:
         return f"bench-{self.tag}-{kind}-{self._n}"
 
     def env(self, **extra: str) -> dict[str, str]:
-        """The environment of a child: ours minus Reach settings, plus the repo on the path."""
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith("REACH_") and k != "REDIS_URL"}
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-        env["PYTHONUNBUFFERED"] = "1"
-        env.update(extra)
-        return env
+        return child_env(**extra)
 
     def python(self, module: str, *args: str) -> list[str]:
-        return [sys.executable, "-m", module, *args]
+        return python(module, *args)
 
     def log(self, message: str) -> None:
         self.console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")
 
     def wants(self, name: str) -> bool:
         return not self.opts.only or name in self.opts.only
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """The environment of a child: ours minus Reach settings, plus the repo on the path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("REACH_") and k != "REDIS_URL"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def python(module: str, *args: str) -> list[str]:
+    """The command line of `python -m module args` in this interpreter."""
+    return [sys.executable, "-m", module, *args]
 
 
 def drain_timeout(n: int) -> float:

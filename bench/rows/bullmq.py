@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,34 +27,50 @@ QUEUE = "bench"
 CONCURRENCY = 8
 
 
+def unavailable() -> str | None:
+    """Why BullMQ cannot run here (no Node.js, or no npm to install it), or None."""
+    if shutil.which("node") is None:
+        return "Node.js is not installed here: BullMQ skipped"
+    if not (HERE / "node_modules" / "bullmq").is_dir() and shutil.which("npm") is None:
+        return "npm is not installed here: BullMQ cannot be installed, skipped"
+    return None
+
+
+def install(log: Callable[[str], None]) -> None:
+    """npm install bench/bullmq's package.json once (node_modules is never committed)."""
+    if (HERE / "node_modules" / "bullmq").is_dir() and (HERE / "node_modules" / "ioredis").is_dir():
+        return
+    log("installing BullMQ with npm (bench/bullmq/node_modules)")
+    npm = shutil.which("npm") or "npm"
+    done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
+                          cwd=HERE, capture_output=True, text=True, timeout=600)
+    if done.returncode != 0:
+        raise ProcessFailed(f"npm install failed: {done.stderr.strip()[-500:]}")
+
+
+def versions() -> tuple[str | None, str]:
+    """(BullMQ's installed version, node --version)."""
+    try:
+        version = json.loads((HERE / "node_modules/bullmq/package.json").read_text())["version"]
+    except (OSError, ValueError, KeyError):
+        version = None
+    node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+    return version, node
+
+
 class BullMQRow(Row):
     key = "bullmq"
     title = "BullMQ"
     clock = "job finishedOn (worker clock, stored with the return value)"
 
     def unavailable(self) -> str | None:
-        if shutil.which("node") is None:
-            return "Node.js is not installed here: BullMQ row skipped"
-        if not (HERE / "node_modules" / "bullmq").is_dir() and shutil.which("npm") is None:
-            return "npm is not installed here: BullMQ cannot be installed, row skipped"
-        return None
+        return unavailable()
 
     def prepare(self) -> None:
-        if (HERE / "node_modules" / "bullmq").is_dir() and (HERE / "node_modules" / "ioredis").is_dir():
-            return
-        self.b.log("installing BullMQ with npm (bench/bullmq/node_modules)")
-        npm = shutil.which("npm") or "npm"
-        done = subprocess.run([npm, "install", "--no-audit", "--no-fund", "--no-package-lock"],
-                              cwd=HERE, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            raise ProcessFailed(f"npm install failed: {done.stderr.strip()[-500:]}")
+        install(self.b.log)
 
     def settings(self) -> dict[str, Any]:
-        try:
-            version = json.loads((HERE / "node_modules/bullmq/package.json").read_text())["version"]
-        except (OSError, ValueError, KeyError):
-            version = None
-        node = subprocess.run(["node", "--version"], capture_output=True, text=True).stdout.strip()
+        version, node = versions()
         return {"version": version, "node": node,
                 "worker": f"bullmq Worker, concurrency {CONCURRENCY}, one per node process",
                 "enqueue_one": "await queue.add", "enqueue_many": "queue.addBulk (all at once)",

@@ -105,7 +105,7 @@ class ReachRow(Row):
                 argv += ["--handler", handler]
             procs.append(self.b.sup.spawn(f"reach-worker-{agent_id}", argv, self.env()))
             ids.append(agent_id)
-        wait_healthy(self.b, self.reach_settings, ids, procs)
+        wait_healthy(self.b.target.r, self.reach_settings, ids, procs)
         return Workers(procs)
 
     def release(self, ws: Workers) -> None:
@@ -160,10 +160,10 @@ def preload_scripts(bench: Bench) -> None:
         bench.target.r.script_load(source(name))
 
 
-def wait_healthy(bench: Bench, settings: Settings, agent_ids: list[str], procs: list[Proc],
+def wait_healthy(r: Any, settings: Settings, agent_ids: list[str], procs: list[Proc],
                  timeout: float = 60.0) -> None:
-    """Until every agent is registered and healthy by the server clock."""
-    r = bench.target.r
+    """Until every agent is registered and healthy by the server clock (`r`: a redis-py client
+    that decodes responses)."""
     keys = RegistryKeys(settings.prefix)
     deadline = time.monotonic() + timeout
     while True:
