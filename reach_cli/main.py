@@ -11,7 +11,7 @@ import typer
 
 from broker.infra import eventloop
 from broker.settings import redact_url
-from reach_cli import ops, policy, schedules, tasks
+from reach_cli import gateway, ops, policy, schedules, tasks
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
@@ -35,11 +35,14 @@ app.command()(tasks.cancel)
 app.command()(ops.agents)
 app.command()(ops.queues)
 app.command()(ops.explain)
+app.command()(ops.capabilities)
+app.command()(gateway.serve)
 app.command()(policy.pause)
 app.command()(policy.resume)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(policy.app, name="policy")
 app.add_typer(schedules.app, name="schedule")
+app.add_typer(gateway.keys_app, name="keys")
 
 
 @app.command()
