@@ -41,31 +41,46 @@ class KeyCache:
         self.client = client
         self._keys: dict[str, KeyRecord] | None = None
         self._until = 0.0
+        self._started = 0.0
+        """When the last load began (one that began before a key was made may not hold it)."""
         self._loading: asyncio.Task[dict[str, KeyRecord]] | None = None
 
-    async def keys(self) -> dict[str, KeyRecord]:
-        if self._keys is not None and time.monotonic() < self._until:
+    async def keys(self, newer_than: float = 0.0) -> dict[str, KeyRecord]:
+        """The keys, as read by a load begun after `newer_than` (monotonic clock)."""
+        now = time.monotonic()
+        if self._keys is not None and now < self._until and self._started >= newer_than:
             return self._keys
-        if self._loading is None or self._loading.done():  # (one load, however many callers)
+        if self._loading is None or self._loading.done() or self._started < newer_than:
+            self._started = now  # (one load for every caller that comes meanwhile)
             self._loading = asyncio.create_task(load_keys(self.client, self.settings))
+        loading = self._loading
         try:
-            self._keys = await asyncio.shield(self._loading)
+            keys = await asyncio.shield(loading)
         except TRANSIENT_ERRORS:
             if self._keys is None:
                 raise
-            log.warning("cannot reload the API keys; using those read %.0fs ago",
-                        time.monotonic() - self._until + KEYS_TTL_S)
+            log.warning("cannot reload the API keys; using those read before")
             return self._keys
-        self._until = time.monotonic() + KEYS_TTL_S
-        return self._keys
+        if loading is self._loading:
+            self._keys, self._until = keys, self._started + KEYS_TTL_S
+        return keys
 
     async def find(self, key: str) -> KeyRecord | None:
+        asked = time.monotonic()
         presented = key_sha256(key).encode()
-        found = None
-        for sha, record in (await self.keys()).items():  # (every one compared: no early exit)
-            if hmac.compare_digest(presented, sha.encode()):
-                found = record
+        found = _match(presented, await self.keys())
+        if found is None and self._started < asked:
+            # (a key made a moment ago works at once; a wrong key costs one read of the hash)
+            found = _match(presented, await self.keys(newer_than=asked))
         return found
+
+
+def _match(presented: bytes, keys: dict[str, KeyRecord]) -> KeyRecord | None:
+    found = None
+    for sha, record in keys.items():  # (every one compared: no early exit)
+        if hmac.compare_digest(presented, sha.encode()):
+            found = record
+    return found
 
 
 class Auth:

@@ -69,7 +69,7 @@ def from_library(exc: Exception) -> ApiError:
         return ApiError(404, "unknown_task", str(exc))
     if isinstance(exc, QueueFull):
         return ApiError(429, "queue_full", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
-    if isinstance(exc, BrokerUnavailable | TRANSIENT_ERRORS):
+    if isinstance(exc, (BrokerUnavailable, *TRANSIENT_ERRORS)):
         return ApiError(503, "unavailable", "Redis cannot be reached; try again shortly",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     return ApiError(500, "internal", "internal error (logged by the gateway)")
