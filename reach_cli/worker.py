@@ -45,6 +45,8 @@ def serve(
     http_callback_url: Annotated[str | None, typer.Option(
         envvar="REACH_GATEWAY_URL",
         help="The gateway's URL, where HTTP agents that answer 202 post the outcome")] = None,
+    http_poll_after: Annotated[float, typer.Option(
+        min=0, help="Seconds an accepted task's callback is awaited before its status_url is polled")] = 5.0,
     concurrency: Annotated[int, typer.Option(min=1, max=10000, help="Tasks run at once")] = 8,
     region: Annotated[str | None, typer.Option(help="Region/data locality label")] = None,
     version: Annotated[str | None, typer.Option(help="Agent version, for version routing")] = None,
@@ -61,7 +63,7 @@ def serve(
     if handler and http:
         fail("give --handler or --http, not both", EXIT_USAGE)
     new_loop = eventloop.loop_factory()  # (a bad REACH_EVENT_LOOP fails before handlers load)
-    bridge = BridgeOptions.build(http_header, http_ready, http_callback_url)
+    bridge = BridgeOptions.build(http_header, http_ready, http_callback_url, http_poll_after)
     bindings = resolve_bindings(settings, capability, handler=handler, http=http, http_options=bridge)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))

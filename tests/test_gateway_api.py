@@ -130,7 +130,8 @@ def test_idempotency_key_header_returns_the_first_task(stack: Stack) -> None:
 
 
 def test_batch_submits_up_to_a_thousand(stack: Stack) -> None:
-    reply = stack.http.post("/v1/tasks/batch", json={"capability": CAP, "payloads": [{"i": i} for i in range(1000)]})
+    payloads = [{"i": i} for i in range(1000)]
+    reply = stack.http.post("/v1/tasks/batch", json={"capability": CAP, "payloads": payloads})
     assert reply.status_code == 202
     tasks = reply.json()["tasks"]
     assert len(tasks) == 1000 and len({t["task_id"] for t in tasks}) == 1000
@@ -191,7 +192,8 @@ def test_a_full_queue_answers_429_with_retry_after(stack: Stack) -> None:
     capability = f"gwfull{secrets.token_hex(2)}"
     client = sync_redis(stack.settings.redis_url)
     try:
-        policy.set_fields(client, Scripts(client), stack.settings, capability, {"max_queue_depth": QUEUE_LIMIT})
+        policy.set_fields(client, Scripts(client), stack.settings, capability,
+                          {"max_queue_depth": QUEUE_LIMIT})
     finally:
         client.close()
     reply = stack.http.post("/v1/tasks/batch", json={"capability": capability, "payloads": [1] * QUEUE_LIMIT})

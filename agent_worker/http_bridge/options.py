@@ -83,13 +83,14 @@ class BridgeOptions:
 
     @classmethod
     def build(cls, headers: list[str] | None = None, ready: str | None = None,
-              callback_url: str | None = None, environ: dict[str, str] | None = None) -> BridgeOptions:
+              callback_url: str | None = None, poll_after_s: float = POLL_AFTER_S,
+              environ: dict[str, str] | None = None) -> BridgeOptions:
         if ready is not None and ready != "auto":
             check_url(ready, "--http-ready")
         if callback_url is not None:
             callback_url = check_url(callback_url, "--http-callback-url").rstrip("/")
         return cls(headers=tuple(parse_header(h, environ) for h in headers or ()), ready=ready,
-                   callback_url=callback_url)
+                   callback_url=callback_url, poll_after_s=poll_after_s)
 
     def __repr__(self) -> str:  # (never the values: they hold credentials)
         names = ", ".join(name for name, _ in self.headers)

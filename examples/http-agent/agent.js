@@ -10,6 +10,8 @@
 //   {"text": ..., "mode": "poll"}      202 without calling back: Reach polls status_url
 //   {"sleep_ms": 1000}                 works for a second, then answers
 //   {} (no text)                       {"status": "invalid_request", ...}
+//   {"text": ..., "mode": "busy"}      503 with Retry-After: 1 on the first attempt (Reach retries)
+//   {"text": ..., "mode": "headers"}   the Reach headers it got, as its result (tests)
 // GET /ready answers 200 while ready (POST /admin/ready {"ready": false} turns it off: tests).
 // PORT=0 (the default) takes a free port; the first line printed is the URL it listens on.
 "use strict";
@@ -68,11 +70,11 @@ function accept(req, res, task, payload) {
   const token = req.headers["x-reach-callback-token"];
   accepted.push({ task_id: task.task_id, attempt: task.attempt, callback_url: url || null, token: token || null });
   send(res, 202, { accepted: true, status_url: `${base}/status/${encodeURIComponent(task.task_id)}` });
-  if (payload.callback === "never") return; // (tests: the outcome comes from the test itself)
   setTimeout(async () => {
     job.outcome = { status: "success", result: count(payload.text) };
     job.done = true;
-    if (payload.mode === "accept" && url && token) {
+    // ("callback": "never": only polling finds the outcome, as when a callback is lost)
+    if (payload.mode === "accept" && payload.callback !== "never" && url && token) {
       try { await callBack(url, token, job.outcome); } catch (e) { console.error(`callback failed: ${e}`); }
     }
   }, payload.work_ms || 100);
@@ -84,6 +86,14 @@ async function handleTask(req, res) {
   if (payload.sleep_ms) await sleep(payload.sleep_ms);
   if (typeof payload.text !== "string") {
     return send(res, 200, { status: "invalid_request", error: "payload.text must be a string" });
+  }
+  if (payload.mode === "busy" && task.attempt < 2) {
+    res.writeHead(503, { "Content-Type": "text/plain", "Retry-After": "1" });
+    return res.end("busy: try again in a second");
+  }
+  if (payload.mode === "headers") {
+    const seen = Object.fromEntries(Object.entries(req.headers).filter(([k]) => k.startsWith("x-reach-") || k === "authorization"));
+    return send(res, 200, { status: "success", result: seen });
   }
   if (payload.mode === "progress") return progress(res, payload);
   if (payload.mode === "accept" || payload.mode === "poll") return accept(req, res, task, payload);
