@@ -153,6 +153,15 @@ def reach_only_summary(extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, 
             [o["in_dispatcher_ms"]["p99"] for o in overhead])
         out["overhead_100ms"]["total_overhead_p99_ms"] = median(
             [o["total_overhead_ms"]["p99"] for o in overhead])
+    gateway = extra.get("gateway") or []
+    if gateway:
+        out["gateway"] = {
+            "submit_per_s": median([g["submit"]["rate"] for g in gateway]),
+            "http_round_trip_p50_ms": median([g["round_trip"]["http_p50_ms"] for g in gateway]),
+            "client_round_trip_p50_ms": median([g["round_trip"]["client_p50_ms"] for g in gateway]),
+            "round_trip_difference_ms": median([g["round_trip"]["difference_ms"] for g in gateway]),
+            "sse": gateway[-1]["sse"],
+        }
     scaling = extra.get("scaling") or {}
     if scaling:
         ordered = sorted(scaling.items(), key=lambda kv: int(kv[0]))

@@ -32,9 +32,12 @@ READ_MAX = 1000
 
 
 async def follow(settings: Settings, scripts: AsyncScripts, listener: TaskListener, task_id: str,
-                 after: int = 0) -> AsyncIterator[TaskEvent]:
+                 after: int = 0, reads: asyncio.Semaphore | None = None) -> AsyncIterator[TaskEvent]:
     """The task's events after seq `after`, then live ones, until its terminal event (or its
-    record expires). UnknownTask before the first event when no such task exists."""
+    record expires). UnknownTask before the first event when no such task exists. `reads` bounds
+    the record reads in flight at once (a thousand streams woken together must not open a
+    thousand Redis connections)."""
+    reads = reads or asyncio.Semaphore(1)
     channel = Channels(settings.prefix).task(task_id)
     outage = outages.WaitOutage(settings, None)
     queue = await listener.watch(channel)
@@ -42,8 +45,9 @@ async def follow(settings: Settings, scripts: AsyncScripts, listener: TaskListen
     try:
         while True:
             try:
-                state, _, fresh = lifecycle.parse_events(await scripts(
-                    lifecycle.watch_call(settings, task_id, "events", "w", last)))
+                async with reads:
+                    reply = await scripts(lifecycle.watch_call(settings, task_id, "events", "w", last))
+                state, _, fresh = lifecycle.parse_events(reply)
                 outage.over()
             except outages.TRANSIENT_ERRORS as exc:
                 await asyncio.sleep(outage.next_pause(exc))

@@ -17,8 +17,12 @@ from broker.scripts import AsyncScripts
 from broker.settings import Settings
 from gateway.apikeys import AuthMode
 from gateway.auth import Auth, KeyCache
+from gateway.results import ResultWaits
 
 T = TypeVar("T")
+
+STREAM_READS = 16
+"""Event streams' record reads in flight at once (each takes a pooled Redis connection)."""
 
 
 class GatewayState:
@@ -29,6 +33,8 @@ class GatewayState:
         self.client = AsyncReachClient(settings, redis_client=self.redis)
         self.listener = TaskListener(self.redis)
         """Every event stream's pub/sub subscription, on one connection (broker/client/listener.py)."""
+        self.stream_reads = asyncio.Semaphore(STREAM_READS)
+        self.results = ResultWaits(settings, self.scripts, self.listener)
         self.auth = Auth(auth_mode, KeyCache(settings, self.redis))
         self._sync: connection.SyncRedis | None = None
 

@@ -55,7 +55,7 @@ async def events(request: Request, task_id: TaskId,
     await gw.client.get(task_id)  # (UnknownTask, a 404, before the stream starts)
 
     async def stream() -> AsyncIterator[ServerSentEvent]:
-        async for event in follow(gw.settings, gw.scripts, gw.listener, task_id, start):
+        async for event in follow(gw.settings, gw.scripts, gw.listener, task_id, start, gw.stream_reads):
             data: dict[str, Any] = event.as_dict()
             yield ServerSentEvent(codec.dumps(data), event=event.type, id=str(event.seq))
 

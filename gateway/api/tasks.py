@@ -7,7 +7,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.responses import JSONResponse
 
-from broker import TaskCanceled, TaskFailed
 from broker.errors import QueueFull
 from broker.ids import split_task_id
 from gateway.apikeys import KeyRecord, Role
@@ -110,20 +109,8 @@ async def get_result(request: Request, task_id: TaskId, _: Reader,
                      ) -> JSONResponse:
     """200 with `state` succeeded (and `result`), failed (`reason`, `error`) or canceled once the
     task ended; 202 with its current `state` while it has not, after waiting up to `wait` s."""
-    client = state_of(request.app).client
-    task_id = _task_id(task_id)
-    try:
-        result = await client.result(task_id, timeout=wait)
-    except TaskCanceled as exc:
-        return JSONResponse({"task_id": task_id, "state": "canceled", "reason": "canceled",
-                             "error": exc.error})
-    except TaskFailed as exc:
-        return JSONResponse({"task_id": task_id, "state": "failed", "reason": exc.reason,
-                             "error": exc.error})
-    except TimeoutError:
-        status = await client.status(task_id)
-        return JSONResponse({"task_id": task_id, "state": status.state.value}, 202)
-    return JSONResponse({"task_id": task_id, "state": "succeeded", "result": result})
+    outcome = await state_of(request.app).results.wait(_task_id(task_id), wait)
+    return JSONResponse(outcome.as_dict(task_id), 200 if outcome.ended else 202)
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=Canceled, summary="Cancel a task",
