@@ -18,7 +18,8 @@ from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
 MAX_BATCH = 1000
 
 Label = StrictStr
-Seconds = StrictInt | StrictFloat
+Seconds = StrictFloat
+"""A number of seconds (an int is taken too; a bool or a string is not)."""
 
 
 class TaskOptions(BaseModel):
