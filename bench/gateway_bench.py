@@ -74,6 +74,9 @@ async def _follow(http: httpx.AsyncClient, task_id: str, opened: asyncio.Event,
     seen: list[tuple[int, str]] = []
     async with http.stream("GET", f"/v1/tasks/{task_id}/events") as response:
         counter[0] += 1
+        if response.status_code != 200:
+            raise ProcessFailed(f"GET /v1/tasks/{task_id}/events answered {response.status_code}: "
+                                f"{(await response.aread())[:200]!r}")
         if counter[0] == total:
             opened.set()
         event_id, event = 0, ""

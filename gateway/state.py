@@ -23,12 +23,15 @@ T = TypeVar("T")
 
 STREAM_READS = 16
 """Event streams' record reads in flight at once (each takes a pooled Redis connection)."""
+REDIS_CONNECTIONS = 64
+"""The gateway's pooled Redis connections: a burst of requests waits for one rather than opening
+a connection each (a thousand streams opened at once would overflow Redis's accept queue)."""
 
 
 class GatewayState:
     def __init__(self, settings: Settings, auth_mode: AuthMode) -> None:
         self.settings = settings
-        self.redis = connection.async_client(settings)
+        self.redis = connection.async_client(settings, max_connections=REDIS_CONNECTIONS)
         self.scripts = AsyncScripts(self.redis)
         self.client = AsyncReachClient(settings, redis_client=self.redis)
         self.listener = TaskListener(self.redis)

@@ -6,6 +6,7 @@ One stack per module (starting it costs seconds); each test uses capabilities of
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 import sys
@@ -22,6 +23,7 @@ from broker.ops.overview import agent_rows, capability_rows, queue_rows
 from broker.scripts import Scripts
 from broker.settings import Settings
 from gateway.apikeys import Role, create_key, revoke_key
+from gateway.state import REDIS_CONNECTIONS
 from tests.conftest import FAST, Fleet, _delete_prefix, sync_redis, wait_until
 from tests.gateway_helpers import bearer, sse_events, start_gateway
 
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.one_redis
 
 CAP = "gwwork"
 QUEUE_LIMIT = 40
+STREAMS = 300
 
 
 class Stack:
@@ -238,6 +241,33 @@ def test_sse_resumes_after_last_event_id_losing_and_repeating_nothing(stack: Sta
                            headers={"Last-Event-ID": seen[-1]["id"]}) as response:
         assert list(sse_events(response)) == []  # resumed after the end: the stream just ends
     assert stack.http.get(f"/v1/tasks/{task_id}/events", headers={"Last-Event-ID": "x"}).status_code == 422
+
+
+def test_many_streams_at_once_share_the_gateways_redis_connections(stack: Stack) -> None:
+    reply = stack.http.post("/v1/tasks/batch", json={"capability": CAP, "payloads": [
+        {"steps": 2, "step_ms": 20}] * STREAMS})
+    ids = [t["task_id"] for t in reply.json()["tasks"]]
+    client = sync_redis(stack.settings.redis_url)
+    before = int(client.info("clients")["connected_clients"])
+
+    async def follow(http: httpx.AsyncClient, task_id: str) -> list[str]:
+        async with http.stream("GET", f"/v1/tasks/{task_id}/events") as response:
+            assert response.status_code == 200
+            return [line for line in [x async for x in response.aiter_lines()] if line.startswith("event:")]
+
+    async def all_streams() -> list[list[str]]:
+        limits = httpx.Limits(max_connections=STREAMS + 10)
+        async with httpx.AsyncClient(base_url=stack.url, timeout=60, limits=limits) as http:
+            return await asyncio.gather(*(follow(http, t) for t in ids))
+
+    try:
+        streams = asyncio.run(all_streams())
+        grown = int(client.info("clients")["connected_clients"]) - before
+    finally:
+        client.close()
+    assert all(s[-1] == "event: succeeded" and s.count("event: progress") == 2 for s in streams)
+    # (the gateway's pool holds at most REDIS_CONNECTIONS; the worker and dispatcher add a few)
+    assert grown <= REDIS_CONNECTIONS + 20 < STREAMS, f"{STREAMS} streams opened {grown} Redis connections"
 
 
 def test_fleet_endpoints_have_the_cli_json_shapes(stack: Stack) -> None:
