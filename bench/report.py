@@ -292,6 +292,14 @@ def reach_only_table(ro: dict[str, Any]) -> Table:
         t.add_row("100 ms task: all Reach overhead, p50 / p99 ms",
                   f"{fmt(over['total_overhead_ms'], 1)} / {fmt(over['total_overhead_p99_ms'], 1)}")
         t.add_row("  share of the task (p50)", f"{fmt(over['overhead_share_pct'], 2)}%")
+    gw = ro.get("gateway")
+    if gw:
+        sse = gw["sse"]
+        t.add_row("gateway: submits/s, one client, keep-alive", fmt(gw["submit_per_s"]))
+        t.add_row("gateway: submit + long-poll round trip p50 ms (client's)",
+                  f"{fmt(gw['http_round_trip_p50_ms'], 2)} ({fmt(gw['client_round_trip_p50_ms'], 2)})")
+        t.add_row("gateway: SSE streams with every event / opened at once",
+                  f"{sse['complete']:,} / {sse['subscribers']:,}")
     return t
 
 
