@@ -43,16 +43,21 @@ def start_gateway(bench: Bench, row: ReachRow) -> tuple[Proc, str]:
     return proc, url_file.read_text().strip()
 
 
-def submit_rate(url: str, n: int) -> dict[str, Any]:
+def submit_rate(url: str, n: int, gateway: Proc) -> dict[str, Any]:
+    """Also the gateway's CPU per submit: what one core could do, whatever else the machine runs."""
     with httpx.Client(base_url=url, timeout=30) as http:
         http.post("/v1/tasks", json={"capability": CAPABILITY, "payload": payload(-1)})  # (connected)
+        cpu = gateway.cpu_seconds() or 0.0
         start = time.perf_counter()
         for i in range(n):
             reply = http.post("/v1/tasks", json={"capability": CAPABILITY, "payload": payload(i)})
             if reply.status_code != 202:
                 raise ProcessFailed(f"gateway submit answered {reply.status_code}: {reply.text[:200]}")
         elapsed = time.perf_counter() - start
-    return {"n": n, "seconds": round(elapsed, 3), "rate": round(n / elapsed, 1)}
+        cpu_us = ((gateway.cpu_seconds() or 0.0) - cpu) / n * 1e6
+    return {"n": n, "seconds": round(elapsed, 3), "rate": round(n / elapsed, 1),
+            "gateway_cpu_us_per_submit": round(cpu_us, 1),
+            "one_core_rate": round(1e6 / cpu_us, 1) if cpu_us > 0 else None}
 
 
 def http_round_trips(url: str, n: int) -> list[float]:
@@ -132,7 +137,7 @@ def run(bench: Bench, row: ReachRow) -> dict[str, Any]:
     try:
         gateway, url = start_gateway(bench, row)
         bench.log(f"gateway: {sizes.n:,} submits one at a time over keep-alive")
-        out["submit"] = submit_rate(url, sizes.n)
+        out["submit"] = submit_rate(url, sizes.n, gateway)
         gateway.stop()
     finally:
         row.cleanup()
