@@ -29,7 +29,7 @@ def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str) ->
         text = url_file.read_text().strip() if url_file.exists() else ""
         return text or None
 
-    base = str(wait_until(url, 20, message="the gateway's URL"))
+    base = str(wait_until(url, 20, message="the gateway's URL")).replace("0.0.0.0", "127.0.0.1")
     wait_until(lambda: _answers(base), 20, message="the gateway answering")
     return proc, base
 

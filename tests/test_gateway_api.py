@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -348,3 +349,20 @@ def test_redis_unavailable_answers_503(fleet: Fleet, tmp_path: Path) -> None:
         assert reply.status_code == 503 and reply.json()["error"]["code"] == "unavailable"
         assert reply.headers["Retry-After"] == "1"
         assert http.get("/v1/agents").status_code == 503
+
+
+def test_a_gateway_on_a_non_loopback_address_needs_a_key(fleet: Fleet, settings: Settings) -> None:
+    from tests.conftest import settings_env
+
+    argv = [sys.executable, "-m", "reach_cli", "serve", "--addr", "0.0.0.0:0"]
+    refused = subprocess.run(argv, env=settings_env(settings), capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "refusing to serve on 0.0.0.0" in refused.stderr and "--insecure-no-auth" in refused.stderr
+    client = sync_redis(settings.redis_url)
+    try:
+        key, _ = create_key(client, settings, Role.READER)
+    finally:
+        client.close()
+    _, url = start_gateway(fleet, settings, "--addr", "0.0.0.0:0")  # (the last --addr wins)
+    assert httpx.get(f"{url}/v1/agents", timeout=10).status_code == 401
+    assert httpx.get(f"{url}/v1/agents", headers=bearer(key), timeout=10).status_code == 200
