@@ -32,7 +32,7 @@ pytestmark = pytest.mark.one_redis
 
 CAP = "gwwork"
 QUEUE_LIMIT = 40
-STREAMS = 300
+STREAMS = 200
 
 
 class Stack:

@@ -90,7 +90,7 @@ def _request(draw: Any, op: Operation) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("op", OPERATIONS, ids=lambda op: op.id)
-@settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_no_request_gets_a_server_error(http: httpx.Client, op: Operation, data: st.DataObject) -> None:
     request = data.draw(st.composite(lambda draw: _request(draw, op))())
