@@ -6,6 +6,7 @@ COPY dispatcher ./dispatcher
 COPY agent_worker ./agent_worker
 COPY dlq_tools ./dlq_tools
 COPY reach_cli ./reach_cli
+COPY gateway ./gateway
 COPY config ./config
 RUN pip install --no-cache-dir .
 ENV REACH_CONFIG=/app/config/reach.toml

@@ -1,11 +1,13 @@
 """A worker's control channel: a producer's cancel reaches the attempt running its task here
-(`cancel <task id>`, published by cancel.lua and expire.lua)."""
+(`cancel <task id>`, published by cancel.lua and expire.lua); an HTTP agent's callback, taken by
+the gateway, reaches the HTTP bridge (`callback <task id>`, published by callback.lua)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 
 from agent_worker.attempt import Running
 from broker.infra import connection, outages
@@ -15,7 +17,12 @@ from broker.keys import Channels
 log = logging.getLogger("reach.worker")
 
 
-async def listen(redis_client: AsyncRedis, prefix: str, agent_id: str, running: Running) -> None:
+OtherVerb = Callable[[str, str], None]
+"""Where messages other than cancels go (verb, task id): the HTTP bridge's callbacks."""
+
+
+async def listen(redis_client: AsyncRedis, prefix: str, agent_id: str, running: Running,
+                 other: OtherVerb | None = None) -> None:
     channel = Channels(prefix).control(agent_id)
     while True:
         pubsub = None
@@ -25,7 +32,7 @@ async def listen(redis_client: AsyncRedis, prefix: str, agent_id: str, running: 
             while True:
                 message = await pubsub.get_message(timeout=5.0)
                 if message and message.get("type") == "message":
-                    on_message(str(message["data"]), running)
+                    on_message(str(message["data"]), running, other)
         except outages.TRANSIENT_ERRORS as exc:
             log.warning("control channel lost (%s); resubscribing", exc)
             await asyncio.sleep(1.0)
@@ -35,8 +42,11 @@ async def listen(redis_client: AsyncRedis, prefix: str, agent_id: str, running: 
                     await pubsub.aclose()
 
 
-def on_message(text: str, running: Running) -> None:
+def on_message(text: str, running: Running, other: OtherVerb | None = None) -> None:
     verb, _, task_id = text.partition(" ")
-    if verb == "cancel" and (attempt := running.get(task_id)) is not None:
-        log.info("task %s canceled by its producer", task_id)
-        attempt.cancel()
+    if verb == "cancel":
+        if (attempt := running.get(task_id)) is not None:
+            log.info("task %s canceled by its producer", task_id)
+            attempt.cancel()
+    elif other is not None:
+        other(verb, task_id)

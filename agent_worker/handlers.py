@@ -17,7 +17,7 @@ import inspect
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
@@ -25,6 +25,9 @@ from agent_worker.builtin import BUILTIN_HANDLERS
 from broker.errors import ConfigError
 from broker.ids import check_capability
 from broker.settings import Settings
+
+if TYPE_CHECKING:
+    from agent_worker.http_bridge.options import BridgeOptions
 
 Handler = Callable[..., Any]
 
@@ -85,8 +88,9 @@ def _is_async(handler: Handler) -> bool:
     return inspect.iscoroutinefunction(handler) or inspect.iscoroutinefunction(call)
 
 
-def make_binding(settings: Settings, capability: str, spec: str | None = None,
-                 http: str | None = None, source: str = "") -> Binding:
+def make_binding(settings: Settings, capability: str, spec: str | None = None, http: str | None = None,
+                 source: str = "", http_options: BridgeOptions | None = None) -> Binding:
+    """`http_options`: the worker's BridgeOptions for HTTP agents (agent_worker/http_bridge)."""
     config = settings.capability(capability)
     if spec is None and http is None:
         spec, http = config.handler, config.http
@@ -97,7 +101,7 @@ def make_binding(settings: Settings, capability: str, spec: str | None = None,
     if http is not None:
         from agent_worker.http_bridge import HttpAgent
 
-        handler: Handler = HttpAgent(http)
+        handler: Handler = HttpAgent(http, http_options)
         source = source or "http"
     elif spec is not None:
         handler = load_handler(spec)
@@ -120,7 +124,7 @@ def make_binding(settings: Settings, capability: str, spec: str | None = None,
 
 
 def resolve_bindings(settings: Settings, capabilities: list[str], handler: str | None = None,
-                     http: str | None = None) -> list[Binding]:
+                     http: str | None = None, http_options: BridgeOptions | None = None) -> list[Binding]:
     """Bindings for `--capability` values (`name` or `name=pkg.mod:func`)."""
     if not capabilities:
         raise ConfigError("give at least one --capability")
@@ -137,7 +141,7 @@ def resolve_bindings(settings: Settings, capabilities: list[str], handler: str |
         elif handler is not None:
             out[name] = make_binding(settings, name, spec=handler, source=handler)
         elif http is not None:
-            out[name] = make_binding(settings, name, http=http, source=http)
+            out[name] = make_binding(settings, name, http=http, source=http, http_options=http_options)
         else:
-            out[name] = make_binding(settings, name)
+            out[name] = make_binding(settings, name, http_options=http_options)
     return list(out.values())

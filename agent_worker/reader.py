@@ -75,6 +75,12 @@ class Inboxes:
                 entries = await self._read_once(binding, lane, held, recover)
                 self.slots.release(held - len(entries))
                 held = 0  # (from here on, every slot is a started task's or released by begin)
+                if entries and self.slots.paused and not recover:
+                    # Read as the worker paused (its HTTP agent is not ready): started once it
+                    # is ready, as entries delivered before (or handed on when their lease lapses).
+                    self.slots.release(len(entries))
+                    self.recover.add(binding.capability)
+                    continue
                 if entries:
                     await self.begin(binding, entries, fresh=not recover)
                     # Let the tasks just started run, and the report of those that end at once

@@ -19,11 +19,13 @@ class Slots:
         self.held = 0
         self.closed = False
         """The worker stops: nothing more is reserved."""
+        self.paused = False
+        """Nothing is reserved until resumed (the HTTP agent behind the worker is not ready)."""
         self._freed = asyncio.Event()
 
     async def reserve(self, most: int) -> int:
-        """Up to `most` slots, waiting for one to be free; 0 once closed."""
-        while self.free <= 0 and not self.closed:
+        """Up to `most` slots, waiting for one to be free (and for a pause to end); 0 once closed."""
+        while (self.free <= 0 or self.paused) and not self.closed:
             self._freed.clear()
             await self._freed.wait()
         if self.closed:
@@ -36,6 +38,13 @@ class Slots:
         if n > 0:
             self.free += n
             self._freed.set()
+
+    def pause(self) -> None:
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
+        self._freed.set()
 
     def close(self) -> None:
         self.closed = True

@@ -27,7 +27,7 @@ import socket
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from agent_worker import control
 from agent_worker.attempt import STOP_WAIT_S, Running
@@ -47,6 +47,9 @@ from broker.keys import DRAINING_FIELD, CapabilityKeys
 from broker.models import AgentDescriptor
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
+
+if TYPE_CHECKING:
+    from agent_worker.http_bridge import HttpBridge
 
 log = logging.getLogger("reach.worker")
 
@@ -125,12 +128,31 @@ class Worker:
         self.inboxes = Inboxes(settings, self.session, self.redis, scripts, self.bindings, self.slots,
                                self.running, recover, self.attempts.start)
         self.renewer = Renewer(settings, self.session, scripts, self.running)
+        self.bridge = self._http_bridge(scripts)
         self._stop = asyncio.Event()
         self._signals = 0
         self._exit_code = 0
         self._last_tick = time.monotonic()
         self._max_lag_ms = 0.0
         self._rss_start_kb = rss_kb()
+
+    def _http_bridge(self, scripts: AsyncScripts) -> HttpBridge | None:
+        """What the HTTP agents among the handlers share (agent_worker/http_bridge), if any."""
+        from agent_worker.http_bridge import HttpAgent, HttpBridge, WorkerLink
+
+        agents = [b.handler for b in self.bindings.values() if isinstance(b.handler, HttpAgent)]
+        if not agents:
+            return None
+        link = WorkerLink(self.settings, self.redis, scripts, self.agent_id, self.running, self.slots,
+                          self.session.heartbeat.beat_now, self._release_unread)
+        return HttpBridge(link, agents)
+
+    async def _release_unread(self) -> int:
+        released = 0
+        for capability in self.bindings:
+            released += await inbox.release_unread(self.redis, self.session.scripts, self.settings,
+                                                   capability, self.agent_id, "agent not ready")
+        return released
 
     async def _read_along(self, binding: Binding, entries: Entries) -> None:
         await self.inboxes.begin(binding, entries)
@@ -155,7 +177,9 @@ class Worker:
             "flusher": self.reporter.flusher, "renewer": self.renewer.run, "ticker": self._ticker,
             "registrar": self.session.registrar, "policy": self.policy.run,
             "control": functools.partial(control.listen, self.redis, self.settings.prefix,
-                                         self.agent_id, self.running),
+                                         self.agent_id, self.running,
+                                         self.bridge.on_control if self.bridge else None),
+            **(self.bridge.jobs() if self.bridge else {}),
         }
         helpers = [asyncio.create_task(supervised(job, name), name=name) for name, job in jobs.items()]
         log.info("agent %s ready (concurrency %d)", self.agent_id, self.concurrency)
@@ -167,6 +191,8 @@ class Worker:
         if stuck:
             log.warning("%d helper job(s) did not stop in time", len(stuck))
         self.session.heartbeat.stop()
+        if self.bridge is not None:
+            await self.bridge.aclose()
         self._threads.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(*outages.TRANSIENT_ERRORS, TimeoutError):
             await asyncio.wait_for(self.redis.aclose(), 5.0)
@@ -279,4 +305,5 @@ class Worker:
             "rss_kb": rss,
             "rss_growth_kb": rss - self._rss_start_kb if rss and self._rss_start_kb else None,
             "draining": self.slots.closed,
+            **(self.bridge.heartbeat_stats() if self.bridge else {}),
         }

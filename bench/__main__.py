@@ -29,7 +29,7 @@ from typing import Any
 from rich.console import Console
 from rich.markup import escape
 
-from bench import dispatch_bench, markdown, reach_extra, report
+from bench import dispatch_bench, gateway_bench, markdown, reach_extra, report
 from bench.context import Bench, Options
 from bench.plot import plot
 from bench.procs import Supervisor
@@ -43,7 +43,7 @@ from bench.rows.rq_row import RqRow, RqSimpleRow, set_rq_prefix
 from bench.target import Target
 
 ROWS: list[type[Row]] = [ReachRow, BullMQRow, DramatiqRow, RqRow, RqSimpleRow, RawRow]
-EXTRAS = ["dispatch", "depth", "overhead", "scaling"]
+EXTRAS = ["dispatch", "depth", "overhead", "scaling", "gateway"]
 ALIASES = {"rq": ["rq-worker", "rq-simple"], "reach-only": EXTRAS, "peers": [
     "bullmq", "dramatiq", "rq-worker", "rq-simple", "raw"]}
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
@@ -190,6 +190,7 @@ class Run:
             ("overhead", lambda: [reach_extra.overhead(b, row, b.sizes.overhead_n)
                                   for _ in range(b.sizes.reps)]),
             ("scaling", lambda: self._scaling(row)),
+            ("gateway", lambda: [gateway_bench.run(b, row) for _ in range(b.sizes.reps)]),
         ]
         for name, step in steps:
             if not b.wants(name):

@@ -87,6 +87,18 @@ def render(result: dict[str, Any]) -> str:
             out.append(f"| 100 ms task: all Reach overhead p50 / p99 ms | "
                        f"{fmt(over['total_overhead_ms'], 1)} / {fmt(over['total_overhead_p99_ms'], 1)} "
                        f"({fmt(over['overhead_share_pct'], 1)}%) |")
+        gw = ro.get("gateway")
+        if gw:
+            sse = gw["sse"]
+            out.append(f"| gateway: submits/s, one client over keep-alive, one uvicorn process | "
+                       f"{fmt(gw['submit_per_s'])} (gateway CPU per submit "
+                       f"{fmt(gw.get('gateway_cpu_us_per_submit'))} µs) |")
+            out.append(f"| gateway: submit + long-poll result round trip p50 ms (Python client's) | "
+                       f"{fmt(gw['http_round_trip_p50_ms'], 2)} ({fmt(gw['client_round_trip_p50_ms'], 2)}) |")
+            out.append(f"| gateway: SSE subscribers on one process that got every event of their task | "
+                       f"{sse['complete']:,} of {sse['subscribers']:,} "
+                       f"({fmt(sse['seconds_to_all_done'], 1)} s; "
+                       f"Redis connections added: {sse['redis_clients_added']}) |")
     if result.get("targets"):
         out += ["", "Targets of issue 7:", "", "| target | measured | goal | met |", "|---|---:|---|---|"]
         for t in result["targets"]:

@@ -153,6 +153,17 @@ def reach_only_summary(extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, 
             [o["in_dispatcher_ms"]["p99"] for o in overhead])
         out["overhead_100ms"]["total_overhead_p99_ms"] = median(
             [o["total_overhead_ms"]["p99"] for o in overhead])
+    gateway = extra.get("gateway") or []
+    if gateway:
+        out["gateway"] = {
+            "submit_per_s": median([g["submit"]["rate"] for g in gateway]),
+            "gateway_cpu_us_per_submit": median([g["submit"].get("gateway_cpu_us_per_submit")
+                                                 for g in gateway]),
+            "http_round_trip_p50_ms": median([g["round_trip"]["http_p50_ms"] for g in gateway]),
+            "client_round_trip_p50_ms": median([g["round_trip"]["client_p50_ms"] for g in gateway]),
+            "round_trip_difference_ms": median([g["round_trip"]["difference_ms"] for g in gateway]),
+            "sse": gateway[-1]["sse"],
+        }
     scaling = extra.get("scaling") or {}
     if scaling:
         ordered = sorted(scaling.items(), key=lambda kv: int(kv[0]))
@@ -283,6 +294,15 @@ def reach_only_table(ro: dict[str, Any]) -> Table:
         t.add_row("100 ms task: all Reach overhead, p50 / p99 ms",
                   f"{fmt(over['total_overhead_ms'], 1)} / {fmt(over['total_overhead_p99_ms'], 1)}")
         t.add_row("  share of the task (p50)", f"{fmt(over['overhead_share_pct'], 2)}%")
+    gw = ro.get("gateway")
+    if gw:
+        sse = gw["sse"]
+        t.add_row("gateway: submits/s, one client, keep-alive", fmt(gw["submit_per_s"]))
+        t.add_row("  gateway CPU per submit µs", fmt(gw.get("gateway_cpu_us_per_submit")))
+        t.add_row("gateway: submit + long-poll round trip p50 ms (client's)",
+                  f"{fmt(gw['http_round_trip_p50_ms'], 2)} ({fmt(gw['client_round_trip_p50_ms'], 2)})")
+        t.add_row("gateway: SSE streams with every event / opened at once",
+                  f"{sse['complete']:,} / {sse['subscribers']:,}")
     return t
 
 

@@ -12,6 +12,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:deadlines | zset id -> when to check its deadline | submit | when checked |
 | P:{cap}:task:{id} | hash: the record and its events (1) | every script | result_ttl after the end |
 | P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
+| P:{cap}:task:{id}:callback | hash: callback tokens, outcomes (10) | HTTP bridge, gateway | its attempt |
 | P:{cap}:inbox:{agent} | stream, group `agents` (3) | dispatch, submit; its agent reads | when finished |
 | P:{cap}:grants | list of inbox slots submit may fill (4) | dispatchers | consumed; expires |
 | P:{cap}:granted | hash agent id -> its grant; `#` (7) | dispatchers | replaced; expires |
@@ -36,6 +37,7 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:served | set of capability names some agent registered for | register | never |
 | P:{_registry}:policy, :policy:history | the fleet's policy (9), its changes | policy scripts | never |
 | P:{_registry}:schedules, :fires | periodic schedules (JSON); last fire time | schedules | removed |
+| P:{_registry}:apikeys | hash sha256 of an API key -> its record (JSON) | `reach keys` | revoked |
 
 (1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
 (2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
@@ -60,6 +62,9 @@ cannot start with '_', so the two never collide).
     else the built-in default), `src:<field>` where it came from, `own:<field>` when it was set
     for this capability itself. The scripts read the capability's hash only (one slot); the
     dispatchers copy the fleet's values into it.
+(10) An HTTP agent that answers 202 may post the attempt's outcome to the gateway later
+    (lua/callback_arm.lua, lua/callback.lua): `t:<fence>` is the sha256 of that attempt's
+    callback token, `o:<fence>` the outcome the gateway took.
 """
 
 from __future__ import annotations
@@ -185,6 +190,9 @@ class CapabilityKeys:
     def task_done(self, local_id: str) -> str:
         return f"{self.task(local_id)}{TASK_DONE_SUFFIX}"
 
+    def task_callback(self, local_id: str) -> str:
+        return f"{self.task(local_id)}:callback"
+
     def explain(self, snapshot_id: str) -> str:
         return f"{self.base}:explain:{snapshot_id}"
 
@@ -239,6 +247,10 @@ class RegistryKeys:
     @property
     def schedule_fires(self) -> str:
         return f"{self.base}:schedule_fires"
+
+    @property
+    def api_keys(self) -> str:
+        return f"{self.base}:apikeys"
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"

@@ -11,7 +11,8 @@ import typer
 
 from broker.infra import eventloop
 from broker.settings import redact_url
-from reach_cli import ops, policy, schedules, tasks
+from gateway.addresses import DEFAULT_ADDR
+from reach_cli import gateway, ops, policy, schedules, tasks
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
@@ -35,11 +36,14 @@ app.command()(tasks.cancel)
 app.command()(ops.agents)
 app.command()(ops.queues)
 app.command()(ops.explain)
+app.command()(ops.capabilities)
+app.command()(gateway.serve)
 app.command()(policy.pause)
 app.command()(policy.resume)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(policy.app, name="policy")
 app.add_typer(schedules.app, name="schedule")
+app.add_typer(gateway.keys_app, name="keys")
 
 
 @app.command()
@@ -48,6 +52,8 @@ def up(
     workers: Annotated[int, typer.Option(min=0, help="How many summarize workers")] = 2,
     concurrency: Annotated[int, typer.Option(min=1, help="Concurrency of each worker")] = 4,
     prefix: Annotated[str | None, typer.Option(help="Key prefix")] = None,
+    gateway_addr: Annotated[str, typer.Option(
+        help="Where the HTTP gateway listens (port 0: a free one); 'none' for no gateway")] = DEFAULT_ADDR,
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
@@ -55,7 +61,8 @@ def up(
     from reach_cli.stack import Stack
 
     settings = load_settings(config, redis_url, prefix=prefix)
-    stack = Stack(settings, workers=workers, concurrency=concurrency, config=config)
+    stack = Stack(settings, workers=workers, concurrency=concurrency, config=config,
+                  gateway_addr=None if gateway_addr == "none" else gateway_addr)
     stopping = False
 
     def request_stop(*_: object) -> None:
@@ -71,8 +78,14 @@ def up(
         console.print(f"[green]Agent-Reach is up[/green] on {shown} (prefix {settings.prefix!r}) "
                       f"with {workers} summarize worker(s). Try, in another shell:\n"
                       f"  REDIS_URL={shown} reach submit summarize "
-                      "'{\"text\": \"One sentence. Another one.\"}' --wait\n"
-                      "Ctrl-C stops everything.")
+                      "'{\"text\": \"One sentence. Another one.\"}' --wait", highlight=False)
+        if stack.gateway_url:
+            url = stack.gateway_url
+            console.print(f"The HTTP gateway is up on {url} (API docs: {url}/docs):\n"
+                          f"  curl -s {url}/v1/tasks -H 'Content-Type: application/json' "
+                          "-d '{\"capability\": \"summarize\", \"payload\": {\"text\": \"One. Two.\"}}'",
+                          highlight=False, soft_wrap=True)
+        console.print("Ctrl-C stops everything.")
         while not stopping:
             if stack.dead():
                 fail(f"{', '.join(stack.dead())} exited unexpectedly; stopping", EXIT_RUNTIME)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from broker.ids import check_capability
-from broker.ops.overview import agent_rows, queue_rows
+from broker.ops.overview import agent_rows, capability_rows, queue_rows
 from reach_cli.common import (
     ConfigOption,
     JsonOption,
@@ -52,6 +52,26 @@ def agents(
             f"{row.success_rate:.1%}" if row.success_rate is not None else "-",
             f"{row.latency_p50_ms:.0f}" if row.latency_p50_ms is not None else "-",
         )
+    console.print(table)
+
+
+@cli_errors
+def capabilities(
+    as_json: JsonOption = False,
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """List capabilities (named by producers or served by agents) and how many agents serve them."""
+    settings = load_settings(config, redis_url)
+    rows = read_redis(settings, lambda client: capability_rows(client, settings))
+    if as_json:
+        print_json([row.as_dict() for row in rows])
+        return
+    table = Table(title=f"Capabilities ({len(rows)})")
+    for column in ("capability", "agents", "healthy"):
+        table.add_column(column)
+    for row in rows:
+        table.add_row(row.capability, str(row.agents), str(row.healthy_agents))
     console.print(table)
 
 

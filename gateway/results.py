@@ -1,0 +1,89 @@
+"""Waiting for a task's outcome over HTTP (GET /v1/tasks/{id}/result?wait=N).
+
+A long-poll reads the outcome first (watch.lua, which also makes the scripts publish the task's
+events from now on); only a task that has not ended subscribes its channel, on the gateway's one
+pub/sub connection, reads once more (closing the gap between the two) and waits for a terminal
+event. So the common case of a client asking for a task that has just ended costs one round trip
+to Redis, and unsubscribing never delays the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from broker import codec
+from broker.client.events import message_is_terminal
+from broker.client.listener import TaskListener
+from broker.errors import UnknownTask
+from broker.keys import Channels
+from broker.protocol import lifecycle
+from broker.scripts import AsyncScripts
+from broker.settings import Settings
+
+RECHECK_S = 5.0
+"""A wait reads the outcome again this often even with no message (one lost to a reconnect)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    state: str
+    result: Any = None
+    reason: str | None = None
+    error: str | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("succeeded", "failed", "canceled")
+
+    def as_dict(self, task_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"task_id": task_id, "state": self.state}
+        if self.state == "succeeded":
+            out["result"] = self.result
+        elif self.state in ("failed", "canceled"):
+            out["reason"] = self.reason or ("canceled" if self.state == "canceled" else "failure")
+            out["error"] = self.error
+        return out
+
+
+class ResultWaits:
+    def __init__(self, settings: Settings, scripts: AsyncScripts, listener: TaskListener) -> None:
+        self.settings = settings
+        self.scripts = scripts
+        self.listener = listener
+        self._unwatching: set[asyncio.Task[None]] = set()
+
+    async def read(self, task_id: str) -> Outcome:
+        reply = await self.scripts(lifecycle.watch_call(self.settings, task_id, "outcome", "w"))
+        if not lifecycle.task_exists(reply):
+            raise UnknownTask(task_id)
+        state, result, reason, error = reply[:4]
+        return Outcome(state, codec.loads(result) if state == "succeeded" and result else None,
+                       reason or None, error or None)
+
+    async def wait(self, task_id: str, wait_s: float) -> Outcome:
+        """The outcome once the task ended, or its state after `wait_s` seconds."""
+        outcome = await self.read(task_id)
+        if outcome.ended or wait_s <= 0:
+            return outcome
+        deadline = time.monotonic() + wait_s
+        channel = Channels(self.settings.prefix).task(task_id)
+        queue = await self.listener.watch(channel)
+        try:
+            while True:
+                outcome = await self.read(task_id)
+                remaining = deadline - time.monotonic()
+                if outcome.ended or remaining <= 0:
+                    return outcome
+                with contextlib.suppress(TimeoutError):
+                    while True:  # (until a terminal event, or a reconnect: None)
+                        message = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_S))
+                        if message is None or message_is_terminal(message):
+                            break
+        finally:
+            task = asyncio.create_task(self.listener.unwatch(channel, queue))  # (not awaited)
+            self._unwatching.add(task)
+            task.add_done_callback(self._unwatching.discard)

@@ -1,0 +1,23 @@
+"""Handlers the gateway's tests run in real `reach-worker` processes."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from agent_worker import InvalidRequest, TaskContext
+
+
+async def work(ctx: TaskContext, payload: Any) -> Any:
+    """Does what the payload says: `steps` progress events `step_ms` apart, `sleep` seconds,
+    `invalid` (an invalid request); returns the payload."""
+    if not isinstance(payload, dict):
+        return payload
+    steps = int(payload.get("steps", 0))
+    for i in range(steps):
+        await asyncio.sleep(float(payload.get("step_ms", 0)) / 1000)
+        await ctx.progress((i + 1) / (steps + 1), f"step {i + 1}")
+    await asyncio.sleep(float(payload.get("sleep", 0)))
+    if payload.get("invalid"):
+        raise InvalidRequest(str(payload["invalid"]))
+    return payload
