@@ -14,7 +14,7 @@
 -- already: the agent reported it before this record of its start), and for 'ok' when the agent
 -- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace id, session id,
 -- metadata, max attempts, task id ('' otherwise).
-local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} end
 local started = ARGV[6] == '1'
@@ -48,7 +48,7 @@ end
 
 local function drop(entry)
   redis.call('XACK', inbox, AGENT_GROUP, entry)
-  count_active(stats, -redis.call('XDEL', inbox, entry))
+  count_removed(stats, redis.call('XDEL', inbox, entry))
 end
 
 local function start(t)
@@ -76,6 +76,7 @@ for i = 0, n - 1 do
       row('failed', t)
     else
       event(c, t, 'reclaimed', agent, now, '{"reason":"agent restarted"}')
+      count(c, STAT_RECLAIMS, 1)
       start(t)
       row('ok', t)
     end
