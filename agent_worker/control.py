@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import logging
 
-from agent_worker.attempt import Running
+from agent_worker.attempt import Running, about
 from broker.infra import connection, outages
 from broker.infra.connection import AsyncRedis
 from broker.keys import Channels
@@ -38,5 +38,5 @@ async def listen(redis_client: AsyncRedis, prefix: str, agent_id: str, running: 
 def on_message(text: str, running: Running) -> None:
     verb, _, task_id = text.partition(" ")
     if verb == "cancel" and (attempt := running.get(task_id)) is not None:
-        log.info("task %s canceled by its producer", task_id)
+        log.info("task %s canceled by its producer", task_id, extra=about(attempt))
         attempt.cancel()
