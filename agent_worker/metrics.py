@@ -95,7 +95,7 @@ class AgentStateProbe:
             try:
                 if self._client is None:
                     self._client = connection.sync_client(self.settings, socket_timeout=self.timeout_s)
-                data = self._client.hgetall(keys.agent(self.agent_id))
+                data: Any = self._client.hgetall(keys.agent(self.agent_id))
                 record = AgentRecord.from_hash(data) if data else None
                 if record is None:
                     return None
