@@ -61,6 +61,16 @@ def set_process_fields(**fields: Any) -> None:
     _process.update(fields)
 
 
+class TaskFilter(logging.Filter):
+    """Stamps a record with the task its context is about, when it is made (a handler that
+    formats later, or on another thread, still knows)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if getattr(record, "reach_task", None) is None:
+            record.reach_task = _task.get()
+        return True
+
+
 def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
     fields = dict(_process)
     bound = getattr(record, "reach_task", None) or _task.get()
@@ -102,6 +112,7 @@ class TextFormatter(logging.Formatter):
 def setup(level: str = "INFO", fmt: Literal["text", "json"] = "text") -> None:
     """Log to stderr at `level` in `fmt` (replacing any handler set up before)."""
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TaskFilter())
     handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     for old in list(root.handlers):
