@@ -102,7 +102,8 @@ def test_lines_about_a_task_carry_its_fields_in_both_formats(captured: list[logg
     for message, line in json_lines.items():
         assert {"time", "level", "logger", "message"} <= set(line)
         if message != "outside":
-            assert (line["task_id"], line["trace_id"], line["attempt"]) == ("cap:01ABC", fields["trace_id"], 2)
+            about = (line["task_id"], line["trace_id"], line["attempt"])
+            assert about == ("cap:01ABC", fields["trace_id"], 2), line
         else:
             assert "task_id" not in line
     in_task = next(r for r in captured if r.getMessage() == "in the task")
