@@ -9,6 +9,8 @@ import hashlib
 import json
 import re
 import signal
+import subprocess
+import sys
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -62,6 +64,15 @@ def scrape(base: str) -> Samples:
 
 def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def compose_health_check(base: str) -> int:
+    """The exit status of compose.yaml's health check (its python -c) against `base`."""
+    text = (ROOT / "compose.yaml").read_text()
+    code = re.search(r'"python", "-c",\s*"([^"]+)"', text)
+    assert code, "compose.yaml has no python -c health check"
+    return subprocess.run([sys.executable, "-c", code.group(1).replace("http://127.0.0.1:9464", base)],
+                          capture_output=True, timeout=30).returncode
 
 
 def own_settings(url: str, prefix: str) -> Settings:
@@ -267,11 +278,13 @@ def _probe_run(fleet: Fleet, settings: Settings, server: EmbeddedRedis) -> None:
     for base in (dispatcher, worker):
         wait_until(lambda b=base: status(b, "/readyz") == 200, message="ready")
         assert status(base, "/healthz") == 200
+        assert compose_health_check(base) == 0
     server.kill()
     for base in (dispatcher, worker):
         wait_until(lambda b=base: status(b, "/readyz") == 503, message="not ready without Redis")
         assert probe(base, "/readyz")[1]["checks"]["redis"] is False
         assert status(base, "/healthz") == 200  # (alive all the same)
+        assert compose_health_check(base) != 0
     assert value(scrape(dispatcher), "reach_redis_up") == 0
     server.start()
     for base in (dispatcher, worker):
