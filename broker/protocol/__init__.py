@@ -14,5 +14,6 @@ scores, the health hash) is defined and parsed once, in the module named for it:
     wake         the dispatchers' wake-up messages (sent by lua/_wake.lua)
     health       the agent health hash (kept by lua/_health.lua and reclaim.lua)
     lifecycle    cancel.lua, watch.lua, promote.lua, expire.lua, dead_letter_raw.lua
+    counters     the counters the scripts keep in each capability's stats hash
     agents       register.lua, bind.lua, unbind.lua, heartbeat.lua, deregister.lua, agent_state.lua
 """
