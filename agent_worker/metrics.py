@@ -1,22 +1,24 @@
 """A worker's metrics: what its agent does, labelled by capability and agent id (served by
 broker/infra/metrics_server.py on its own thread, when the worker is given a metrics_addr).
 
-The attempts feed the histograms and counters as they start and end (an observation is about
-a microsecond; the labels are bound once); the gauges (in flight, slots, loop lag, state) are
-read from the worker when scraped. The agent's state is the registry's, read from Redis at the
-scrape and judged as `reach agents` judges it, so the two agree.
+The attempts feed the histograms and counters as they start and end (plain numbers the event
+loop's thread keeps: well under a microsecond each); the scrape turns them into metrics, and
+reads the gauges (in flight, slots, loop lag, state) from the worker. The agent's state is the
+registry's, read from Redis at the scrape and judged as `reach agents` judges it, so the two
+agree.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, ProcessCollector
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
 from broker.ids import local_id_ms
@@ -42,6 +44,40 @@ class WorkerView:
     loop_lag_s: Callable[[], float]
 
 
+class _Histogram:
+    """Counts by bucket and a sum, kept by the event loop's thread alone (plain ints: an
+    observation is a bisect and an add, a few times cheaper than prometheus-client's locked
+    ones, on a path every task takes); the scrape reads them as they are."""
+
+    __slots__ = ("counts", "sum")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(TASK_BUCKETS) + 1)
+        self.sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect_left(TASK_BUCKETS, value)] += 1
+        self.sum += value
+
+    def buckets(self) -> list[tuple[str, float]]:
+        """Cumulative, as Prometheus has them (`le`, then `+Inf`: the count)."""
+        out: list[tuple[str, float]] = []
+        total = 0
+        for bound, n in zip((*map(str, TASK_BUCKETS), "+Inf"), self.counts, strict=True):
+            total += n
+            out.append((bound, total))
+        return out
+
+
+class _Capability:
+    __slots__ = ("outcomes", "task_seconds", "wait_seconds")
+
+    def __init__(self) -> None:
+        self.task_seconds = _Histogram()
+        self.wait_seconds = _Histogram()
+        self.outcomes = {o.value: 0 for o in Outcome}
+
+
 class WorkerMetrics:
     def __init__(self, settings: Settings, agent_id: str, capabilities: list[str]) -> None:
         self.settings = settings
@@ -49,33 +85,41 @@ class WorkerMetrics:
         self.capabilities = capabilities
         self.registry = CollectorRegistry()
         ProcessCollector(registry=self.registry)
-        labels = ["capability", "agent_id"]
-        seconds = Histogram("reach_agent_task_seconds", "Execution time of attempts (the handler's "
-                            "call)", labels, buckets=TASK_BUCKETS, registry=self.registry)
-        wait = Histogram("reach_agent_queue_wait_seconds", "From a task's submit to the start of "
-                         "its attempt here (backoffs and delays included)", labels,
-                         buckets=TASK_BUCKETS, registry=self.registry)
-        tasks = Counter("reach_agent_tasks", "Attempts ended here, by outcome", [*labels, "outcome"],
-                        registry=self.registry)
-        self._bound = {
-            capability: (seconds.labels(capability, agent_id), wait.labels(capability, agent_id),
-                         {o.value: tasks.labels(capability, agent_id, o.value) for o in Outcome})
-            for capability in capabilities}
+        self._by_capability = {capability: _Capability() for capability in capabilities}
         self.state = AgentStateProbe(settings, agent_id)
 
     def started(self, capability: str, local_id: str) -> None:
         """An attempt started: how long its task waited since it was submitted."""
         wait_s = time.time() - local_id_ms(local_id) / 1000
-        self._bound[capability][1].observe(wait_s if wait_s > 0 else 0.0)
+        self._by_capability[capability].wait_seconds.observe(wait_s if wait_s > 0 else 0.0)
 
     def ended(self, capability: str, outcome: str, exec_ms: int) -> None:
-        seconds, _, outcomes = self._bound[capability]
-        seconds.observe(exec_ms / 1000)
-        outcomes[outcome].inc()
+        mine = self._by_capability[capability]
+        mine.task_seconds.observe(exec_ms / 1000)
+        mine.outcomes[outcome] += 1
 
     def watch(self, view: WorkerView) -> None:
-        """Serve the gauges read from the worker."""
-        self.registry.register(_Gauges(self, view))
+        """Serve the metrics, with the gauges read from the worker."""
+        self.registry.register(_Collector(self, view))
+
+    def families(self) -> Iterator[Any]:
+        """The histograms and counters as they stand."""
+        labels = ["capability", "agent_id"]
+        seconds = HistogramMetricFamily("reach_agent_task_seconds", "Execution time of attempts "
+                                        "(the handler's call)", labels=labels)
+        wait = HistogramMetricFamily("reach_agent_queue_wait_seconds", "From a task's submit to the "
+                                     "start of its attempt here (backoffs and delays included)",
+                                     labels=labels)
+        tasks = CounterMetricFamily("reach_agent_tasks", "Attempts ended here, by outcome",
+                                    labels=[*labels, "outcome"])
+        for capability, mine in self._by_capability.items():
+            seconds.add_metric([capability, self.agent_id], mine.task_seconds.buckets(),
+                               mine.task_seconds.sum)
+            wait.add_metric([capability, self.agent_id], mine.wait_seconds.buckets(),
+                            mine.wait_seconds.sum)
+            for outcome, n in mine.outcomes.items():
+                tasks.add_metric([capability, self.agent_id, outcome], n)
+        yield from (seconds, wait, tasks)
 
 
 class AgentStateProbe:
@@ -107,7 +151,7 @@ class AgentStateProbe:
                 return None
 
 
-class _Gauges(Collector):
+class _Collector(Collector):
     def __init__(self, metrics: WorkerMetrics, view: WorkerView) -> None:
         self.metrics = metrics
         self.view = view
@@ -116,6 +160,7 @@ class _Gauges(Collector):
         return []
 
     def collect(self) -> Iterator[Any]:
+        yield from self.metrics.families()
         agent, view = self.metrics.agent_id, self.view
         inflight = GaugeMetricFamily("reach_agent_inflight_tasks", "Attempts running here",
                                      labels=["capability", "agent_id"])

@@ -283,6 +283,6 @@ class Reporter:
                 self.stats.rejected += 1
                 task_id = f"{capability}:{item.local_id}"
                 log.warning("late result for %s rejected (attempt superseded)", task_id,
-                            extra=logs.task_extra({"task_id": task_id, "capability": capability}))
+                            extra=logs.task_extra(logs.task_fields(task_id, None, capability, None)))
             elif status == Status.FAILED:
                 self.stats.failed += 1

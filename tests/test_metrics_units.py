@@ -103,7 +103,7 @@ def test_lines_about_a_task_carry_its_fields_in_both_formats(captured: list[logg
         assert {"time", "level", "logger", "message"} <= set(line)
         if message != "outside":
             about = (line["task_id"], line["trace_id"], line["attempt"])
-            assert about == ("cap:01ABC", fields["trace_id"], 2), line
+            assert about == ("cap:01ABC", fields[1], 2), line
         else:
             assert "task_id" not in line
     in_task = next(r for r in captured if r.getMessage() == "in the task")

@@ -22,9 +22,13 @@ import time
 from contextvars import ContextVar, Token
 from typing import Any, Literal
 
-TASK_FIELDS = ("task_id", "trace_id", "agent_id", "capability", "attempt")
+BOUND_FIELDS = ("task_id", "trace_id", "capability", "attempt")
 
-_task: ContextVar[dict[str, Any] | None] = ContextVar("reach_task", default=None)
+Bound = tuple[str | None, str | None, str | None, int | None]
+"""A task's fields as BOUND_FIELDS names them (a tuple: binding one costs an attempt's start
+little)."""
+
+_task: ContextVar[Bound | None] = ContextVar("reach_task", default=None)
 _process: dict[str, Any] = {}
 
 # user:password@ in a URL, and password=... in a query or a message.
@@ -38,20 +42,20 @@ def redact(text: str) -> str:
     return text
 
 
-def task_fields(task_id: str, trace_id: str, capability: str, attempt: int) -> dict[str, Any]:
-    return {"task_id": task_id, "trace_id": trace_id, "capability": capability, "attempt": attempt}
+def task_fields(task_id: str, trace_id: str | None, capability: str, attempt: int | None) -> Bound:
+    return (task_id, trace_id, capability, attempt)
 
 
-def bind_task(fields: dict[str, Any]) -> Token[dict[str, Any] | None]:
+def bind_task(fields: Bound) -> Token[Bound | None]:
     """Lines logged in this context (and in tasks started from it) are about this task."""
     return _task.set(fields)
 
 
-def unbind_task(token: Token[dict[str, Any] | None]) -> None:
+def unbind_task(token: Token[Bound | None]) -> None:
     _task.reset(token)
 
 
-def task_extra(fields: dict[str, Any]) -> dict[str, Any]:
+def task_extra(fields: Bound) -> dict[str, Any]:
     """`extra=` for one log call about a task, outside the task's own context."""
     return {"reach_task": fields}
 
@@ -71,12 +75,16 @@ class TaskFilter(logging.Filter):
         return True
 
 
-def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    fields = dict(_process)
+def _bound(record: logging.LogRecord) -> dict[str, Any]:
+    """The fields of the task the record is about (none given: empty)."""
     bound = getattr(record, "reach_task", None) or _task.get()
-    if bound:
-        fields.update(bound)
-    return fields
+    if not bound:
+        return {}
+    return {name: value for name, value in zip(BOUND_FIELDS, bound, strict=True) if value is not None}
+
+
+def _fields_of(record: logging.LogRecord) -> dict[str, Any]:
+    return {**_process, **_bound(record)}
 
 
 class JsonFormatter(logging.Formatter):
@@ -101,10 +109,10 @@ class TextFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         text = redact(super().format(record))
-        bound = getattr(record, "reach_task", None) or _task.get()
+        bound = _bound(record)
         if not bound:
             return text
-        about = " ".join(f"{name}={bound[name]}" for name in TASK_FIELDS if bound.get(name) is not None)
+        about = " ".join(f"{name}={value}" for name, value in bound.items())
         head, newline, rest = text.partition("\n")  # (after the message, before a traceback)
         return f"{head} [{about}]{newline}{rest}"
 
