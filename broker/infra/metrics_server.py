@@ -67,7 +67,9 @@ class MetricsServer:
                              handler_class=_QuietHandler)
         self._server = server
         self.port = int(server.server_address[1])
-        self._thread = threading.Thread(target=server.serve_forever, name="reach-metrics", daemon=True)
+        # (its poll: how long stop() waits; an idle poll is a select() call)
+        self._thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="reach-metrics", daemon=True)
         self._thread.start()
         return self.port
 
