@@ -77,7 +77,9 @@ local function flush_feed(c)
     c.lines = {}
   end
   if c.counts then
-    for field, n in pairs(c.counts) do redis.call('HINCRBY', c.stats, field, n) end
+    for field, n in pairs(c.counts) do
+      if n ~= 0 then redis.call('HINCRBY', c.stats, field, n) end
+    end
     c.counts = nil
   end
 end

@@ -101,7 +101,3 @@ local function room_to_run(stats_key, p)
   return math.max(0, p.max_running - active_count(stats_key))
 end
 
--- Inbox entries deleted (not by a success's report: complete.lua counts those as successes).
-local function count_removed(stats_key, n)
-  if n ~= 0 then redis.call('HINCRBY', stats_key, STAT_REMOVED, n) end
-end

@@ -9,5 +9,6 @@ local total = 0
 for _, agent in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   total = total + redis.call('XLEN', ARGV[1] .. agent)
 end
-count_removed(KEYS[2], active_count(KEYS[2]) - total)
+local drift = active_count(KEYS[2]) - total
+if drift ~= 0 then redis.call('HINCRBY', KEYS[2], STAT_REMOVED, drift) end
 return total

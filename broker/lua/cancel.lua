@@ -27,7 +27,7 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 if state == 'dispatched' and t.entry then
   -- Unread? Then take it out of the inbox. (Read ones stay: the agent finishes them off.)
   if #redis.call('XPENDING', KEYS[5], AGENT_GROUP, t.entry, t.entry, 1) == 0 then
-    count_removed(KEYS[6], redis.call('XDEL', KEYS[5], t.entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', KEYS[5], t.entry))
   end
 end
 local now = now_ms()

@@ -26,7 +26,7 @@ local function recall(t)
     -- (pcall: the inbox of an agent that deregistered is gone, with its group)
     local read = redis.pcall('XPENDING', inbox, AGENT_GROUP, t.entry, t.entry, 1)
     if type(read) == 'table' and not read.err and #read == 0 then
-      count_removed(KEYS[6], redis.call('XDEL', inbox, t.entry))
+      count(c, STAT_REMOVED, redis.call('XDEL', inbox, t.entry))
       return
     end
   end

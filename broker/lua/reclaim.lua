@@ -27,7 +27,7 @@ for i = 0, n - 1 do
     skipped = skipped + 1
   else
     redis.call('XACK', inbox, AGENT_GROUP, entry)
-    count_removed(KEYS[6], redis.call('XDEL', inbox, entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
     local t = load_task(KEYS[8 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
     if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
       local was = t.state

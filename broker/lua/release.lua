@@ -18,7 +18,7 @@ for i = 0, n - 1 do
   -- Read by the agent in the meantime? Then it is not ours to move.
   local pending = redis.call('XPENDING', inbox, AGENT_GROUP, entry, entry, 1)
   if #pending == 0 and #redis.call('XRANGE', inbox, entry, entry) == 1 then
-    count_removed(KEYS[4], redis.call('XDEL', inbox, entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
     local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'session_id', 'region',
       'routing', 'last_agent_id'})
     if t.state == 'dispatched' and t.fence == fence and t.agent_id == agent then
