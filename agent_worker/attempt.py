@@ -8,6 +8,7 @@ from typing import Any
 
 from agent_worker.context import TaskContext
 from agent_worker.handlers import Binding
+from broker.infra import logs
 from broker.protocol.delivery import Lease
 
 STOP_WAIT_S = 5.0
@@ -42,6 +43,12 @@ class Attempt:
         self.ctx._cancel()
         if self.binding.is_async and self.task is not None:
             self.task.cancel()
+
+
+def about(attempt: Attempt) -> dict[str, Any]:
+    """`extra=` for a log line about an attempt's task, outside the attempt's own context."""
+    ctx = attempt.ctx
+    return logs.task_extra(logs.task_fields(ctx.task_id, ctx.trace_id, ctx.capability, ctx.attempt))
 
 
 class Running:

@@ -19,14 +19,16 @@ from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
-from agent_worker.attempt import STOP_WAIT_S, Attempt, Running
+from agent_worker.attempt import STOP_WAIT_S, Attempt, Running, about
 from agent_worker.classify import backoff_ms, describe
 from agent_worker.context import ProgressSink, TaskContext
 from agent_worker.executor import AttemptEnd, run_attempt
 from agent_worker.handlers import Binding
+from agent_worker.metrics import WorkerMetrics
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats
 from broker import codec
+from broker.infra import logs
 from broker.models import Outcome, ms_to_datetime
 from broker.protocol.delivery import AcceptedTask, Lease
 from broker.protocol.reports import Completion
@@ -52,7 +54,8 @@ class Attempts:
     def __init__(self, settings: Settings, running: Running, slots: Slots, stats: WorkerStats,
                  threads: Executor, sink: AttemptSink, progress: ProgressSink,
                  tell_held: Callable[[], None], all_held: Callable[[], None],
-                 retry_failures: Callable[[Binding], bool] | None = None) -> None:
+                 retry_failures: Callable[[Binding], bool] | None = None, *,
+                 metrics: WorkerMetrics | None = None) -> None:
         self.settings = settings
         self.running = running
         self.slots = slots
@@ -65,6 +68,7 @@ class Attempts:
         self._all_held = all_held
         """Every slot is held by a handler that does not stop: the worker must go."""
         self._retry_failures = retry_failures or (lambda binding: binding.retry_failures)
+        self.metrics = metrics
         self._given_up: list[Attempt] = []
         self._hung_calls: dict[Future[Any], float] = {}
         """Sync handler calls still running past their attempt's timeout, and since when."""
@@ -91,7 +95,15 @@ class Attempts:
                           deadline=loop.time() + ctx.timeout_s)
         self.running.by_task[task.task_id] = attempt
         self.running.unreported.add(task.entry_id)
-        attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id)
+        if self.metrics is not None:
+            self.metrics.started(binding.capability, task.local_id)
+        # (the attempt's task, and the threads it runs handlers on, log lines about this task)
+        bound = logs.bind_task(logs.task_fields(task.task_id, task.trace_id, binding.capability,
+                                                task.attempt))
+        try:
+            attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id)
+        finally:
+            logs.unbind_task(bound)
         self._arm_timer(attempt.deadline)
         if not recorded:
             self.sink.started(attempt)
@@ -118,6 +130,8 @@ class Attempts:
             self.slots.held -= 1
             return  # (reported when it was given up; this late end changes nothing)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
+        if self.metrics is not None:
+            self.metrics.ended(attempt.capability, end.outcome.value, end.exec_ms)
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
             delay = backoff_ms(ctx.attempt, self.settings)
@@ -131,7 +145,7 @@ class Attempts:
         its slot stays taken until it really ends."""
         if not self.running.is_current(attempt):
             return
-        log.warning("task %s: %s; giving it up", attempt.task_id, why)
+        log.warning("task %s: %s; giving it up", attempt.task_id, why, extra=about(attempt))
         attempt.abandoned = True
         # (only those still going matter to still_running(): the rest need not be kept)
         self._given_up = [a for a in self._given_up if a.task is not None and not a.task.done()]
@@ -140,7 +154,10 @@ class Attempts:
         self._tell_held()
         self._check_slots_left()
         del self.running.by_task[attempt.task_id]
-        self.stats.record(round((attempt.ctx.timeout_s + STOP_WAIT_S) * 1000), False)
+        given_ms = round((attempt.ctx.timeout_s + STOP_WAIT_S) * 1000)
+        self.stats.record(given_ms, False)
+        if self.metrics is not None:
+            self.metrics.ended(attempt.capability, Outcome.RETRYABLE_FAILURE.value, given_ms)
         self.sink.ended(attempt, _completion(attempt, Outcome.RETRYABLE_FAILURE, why,
                                              backoff_ms(attempt.ctx.attempt, self.settings), 0))
 

@@ -9,7 +9,7 @@ import contextlib
 import logging
 from collections.abc import Callable
 
-from agent_worker.attempt import Running
+from agent_worker.attempt import Running, about
 from broker.infra import connection, outages
 from broker.infra.connection import AsyncRedis
 from broker.keys import Channels
@@ -46,7 +46,7 @@ def on_message(text: str, running: Running, other: OtherVerb | None = None) -> N
     verb, _, task_id = text.partition(" ")
     if verb == "cancel":
         if (attempt := running.get(task_id)) is not None:
-            log.info("task %s canceled by its producer", task_id)
+            log.info("task %s canceled by its producer", task_id, extra=about(attempt))
             attempt.cancel()
     elif other is not None:
         other(verb, task_id)

@@ -11,6 +11,7 @@ the worker keeps taken until it returns.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import time
 from concurrent.futures import Executor, Future
@@ -62,7 +63,8 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
         else:
             loop = asyncio.get_running_loop()
             call = functools.partial(binding.handler, ctx, payload)
-            future = threads.submit(call)
+            # (in a copy of this context: the handler's log lines are about its task)
+            future = threads.submit(contextvars.copy_context().run, call)
             result = await asyncio.wrap_future(future, loop=loop)
     except asyncio.CancelledError:
         if ctx._timed_out:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from agent_worker.attempt import Attempt, Running
+from agent_worker.attempt import Attempt, Running, about
 from agent_worker.session import AgentSession
 from broker.infra import outages
 from broker.protocol.calls import Status
@@ -51,5 +51,6 @@ class Renewer:
             return
         for status, attempt in zip(reply.statuses, attempts, strict=True):
             if status != Status.OK and self.running.is_current(attempt):  # (not just finished)
-                log.warning("task %s: attempt superseded (%s); stopping it", attempt.task_id, status)
+                log.warning("task %s: attempt superseded (%s); stopping it", attempt.task_id, status,
+                            extra=about(attempt))
                 attempt.cancel()

@@ -18,14 +18,14 @@ from typing import Any
 
 import redis
 
-from agent_worker.attempt import Attempt, Running
+from agent_worker.attempt import Attempt, Running, about
 from agent_worker.context import TaskContext
 from agent_worker.handlers import Binding
 from agent_worker.session import AgentSession
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats
 from broker import codec
-from broker.infra import outages
+from broker.infra import logs, outages
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.protocol.calls import Status
 from broker.protocol.delivery import accept_call, parse_accept_statuses
@@ -266,7 +266,8 @@ class Reporter:
         for status, attempt in zip(statuses, starts, strict=True):
             if status not in (Status.OK, Status.DONE) and self.running.is_current(attempt):
                 # Canceled, expired or handed on between its dispatch and its start.
-                log.warning("task %s: %s before it started here; stopping it", attempt.task_id, status)
+                log.warning("task %s: %s before it started here; stopping it", attempt.task_id, status,
+                            extra=about(attempt))
                 attempt.cancel()
 
     def _on_completed(self, capability: str, items: list[Completion], reply: CompleteReply,
@@ -280,6 +281,8 @@ class Reporter:
                 self.stats.succeeded += 1
             elif status == Status.STALE:
                 self.stats.rejected += 1
-                log.warning("late result for %s:%s rejected (attempt superseded)", capability, item.local_id)
+                task_id = f"{capability}:{item.local_id}"
+                log.warning("late result for %s rejected (attempt superseded)", task_id,
+                            extra=logs.task_extra(logs.task_fields(task_id, None, capability, None)))
             elif status == Status.FAILED:
                 self.stats.failed += 1

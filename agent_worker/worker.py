@@ -16,6 +16,7 @@ what it runs within drain_grace_ms, reports everything, deregisters and exits 0.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
@@ -33,6 +34,7 @@ from agent_worker import control
 from agent_worker.attempt import STOP_WAIT_S, Running
 from agent_worker.attempts import Attempts
 from agent_worker.handlers import Binding
+from agent_worker.metrics import WorkerMetrics, WorkerView
 from agent_worker.policies import WorkerPolicy
 from agent_worker.reader import Entries, Inboxes
 from agent_worker.renewer import Renewer
@@ -42,9 +44,11 @@ from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats, rss_kb, stability
 from broker import inbox
 from broker.errors import ConfigError
-from broker.infra import connection, eventloop, outages
+from broker.infra import connection, eventloop, logs, outages
+from broker.infra.metrics_server import MetricsServer, serve
 from broker.keys import DRAINING_FIELD, CapabilityKeys
 from broker.models import AgentDescriptor
+from broker.registry import AgentState
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
@@ -109,6 +113,10 @@ class Worker:
             host=socket.gethostname(), pid=os.getpid(),
         )
         self.stats = WorkerStats()
+        logs.set_process_fields(agent_id=self.agent_id)
+        self._metrics_address = settings.metrics_address(None)
+        self.metrics = (WorkerMetrics(settings, self.agent_id, list(self.bindings))
+                        if self._metrics_address is not None else None)
         self.redis = connection.async_client(settings)
         scripts = AsyncScripts(self.redis)
         self.session = AgentSession(settings, self.descriptor, self.redis, scripts, self.heartbeat_stats)
@@ -124,7 +132,7 @@ class Worker:
         self.attempts = Attempts(
             settings, self.running, self.slots, self.stats, self._threads, self.reporter,
             self.reporter.progress, self.session.heartbeat.beat_now, self._all_held,
-            lambda b: self.policy.retry_failures(b.capability, b.retry_failures))
+            lambda b: self.policy.retry_failures(b.capability, b.retry_failures), metrics=self.metrics)
         self.inboxes = Inboxes(settings, self.session, self.redis, scripts, self.bindings, self.slots,
                                self.running, recover, self.attempts.start)
         self.renewer = Renewer(settings, self.session, scripts, self.running)
@@ -169,6 +177,7 @@ class Worker:
         log.info("agent %s starting: %s (%s loop)", self.agent_id,
                  ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()),
                  eventloop.loop_name(loop))
+        server = self._serve_metrics()
         await asyncio.to_thread(connection.check_eviction, self.settings)
         # Registration retries in the background while Redis is away; the readers wait for it.
         readers = [asyncio.create_task(supervised(functools.partial(self.inboxes.reader, b), f"reader-{c}"),
@@ -196,6 +205,8 @@ class Worker:
         self._threads.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(*outages.TRANSIENT_ERRORS, TimeoutError):
             await asyncio.wait_for(self.redis.aclose(), 5.0)
+        if server is not None:
+            server.stop()
         log.info("agent %s stopped", self.agent_id)
         return self._exit_code
 
@@ -269,6 +280,39 @@ class Worker:
         for attempt in self.running.attempts():
             self.attempts.abandon(
                 attempt, "worker stopped before the task finished (it did not stop when told)")
+
+    # -- metrics and probes -----------------------------------------------------------------
+
+    def _serve_metrics(self) -> MetricsServer | None:
+        if self.metrics is None or self._metrics_address is None:
+            return None
+        self.metrics.watch(WorkerView(
+            inflight=lambda: collections.Counter(a.capability for a in self.running.attempts()),
+            slots=lambda: self.concurrency, held_slots=lambda: self.slots.held,
+            loop_lag_s=lambda: self._max_lag_ms / 1000))
+        try:
+            return serve(self.metrics.registry, self._healthz, self._readyz, self._metrics_address,
+                         f"agent {self.agent_id}")
+        except OSError as exc:
+            raise ConfigError(f"cannot serve metrics on {self.settings.metrics_addr}: {exc}") from exc
+
+    def _healthz(self) -> dict[str, Any]:
+        """Its event loop runs, and so does its heartbeat once registered."""
+        age = time.monotonic() - self._last_tick
+        beating = (not self.session.registered.is_set() or self.session.heartbeat.is_alive()
+                   or self.session.leaving)
+        return {"event_loop": age < self.settings.stall_after_ms / 1000,
+                "_event_loop_age_s": round(age, 3), "heartbeat": beating}
+
+    def _readyz(self) -> dict[str, Any]:
+        """It can take tasks: registered, Redis answers, not draining, and the registry does not
+        judge it not_ready (a stuck executor)."""
+        assert self.metrics is not None
+        state = self.metrics.state()
+        return {"registered": self.session.registered.is_set() and not self.session.leaving,
+                "redis": state is not None, "not_draining": not self.slots.closed,
+                "not_not_ready": state is not AgentState.NOT_READY,
+                "_state": state.value if state is not None else None}
 
     # -- health -----------------------------------------------------------------------------
 

@@ -39,10 +39,11 @@ from bench.rows.bullmq import BullMQRow
 from bench.rows.dramatiq_row import DramatiqRow
 from bench.rows.raw import RawRow
 from bench.rows.reach import ReachRow
+from bench.rows.reach_metrics import ReachMetricsRow
 from bench.rows.rq_row import RqRow, RqSimpleRow, set_rq_prefix
 from bench.target import Target
 
-ROWS: list[type[Row]] = [ReachRow, BullMQRow, DramatiqRow, RqRow, RqSimpleRow, RawRow]
+ROWS: list[type[Row]] = [ReachRow, ReachMetricsRow, BullMQRow, DramatiqRow, RqRow, RqSimpleRow, RawRow]
 EXTRAS = ["dispatch", "depth", "overhead", "scaling", "gateway"]
 ALIASES = {"rq": ["rq-worker", "rq-simple"], "reach-only": EXTRAS, "peers": [
     "bullmq", "dramatiq", "rq-worker", "rq-simple", "raw"]}
@@ -136,7 +137,7 @@ class Run:
     def rows(self) -> dict[str, Row]:
         active: dict[str, Row] = {}
         for cls in ROWS:
-            if not self.b.wants(cls.key):
+            if not self.b.wants(cls.key) or (cls.opt_in and cls.key not in self.b.opts.only):
                 continue
             row = cls(self.b)
             entry: dict[str, Any] = {"title": row.title, "status": "ok", "reps": [], "clock": row.clock}

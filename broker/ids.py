@@ -69,3 +69,13 @@ def split_task_id(task_id: object) -> tuple[str, str]:
     if not CAPABILITY_RE.match(capability) or not _LOCAL_RE.match(local):
         raise InvalidTaskId(f"invalid task id {task_id!r}: expected '<capability>:<26-char id>'")
     return capability, local
+
+
+def local_id_ms(local: str) -> int:
+    """When a local id was made (its ULID's 48-bit millisecond time: the submit's time, by the
+    producer's clock)."""
+    return int(local[:10].translate(_DECODE), 32)
+
+
+# Crockford base32 as int(..., 32) reads it (its digits 0-9 then a-v).
+_DECODE = str.maketrans(_ALPHABET, "0123456789abcdefghijklmnopqrstuv")

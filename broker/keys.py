@@ -21,7 +21,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
 | P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
 | P:{cap}:health | hash per agent: cf/lf, ok, cs/ls (failures, success, slow) | complete, reclaim | never |
-| P:{cap}:stats | hash of counters (dispatched, reroutes, ...; `active`, see (8)) | scripts | never |
+| P:{cap}:stats | hash of counters (8) | scripts, dispatchers | never |
 | P:{cap}:policy | hash: the capability's effective policy (9) | policy scripts, dispatchers | never |
 | P:{cap}:policy:history | stream: every policy change (who, when, old -> new) | policy scripts | MAXLEN |
 | P:{cap}:rate | hash: the rate limit's token bucket (tokens, at) | scripts that start tasks | idle |
@@ -55,9 +55,25 @@ cannot start with '_', so the two never collide).
     changes nothing a dispatcher acts on (successes only, the queue empty, the agent granted)
     gives the grants its tasks used back to the list, as credits, and wakes no dispatcher;
     submit reads `#` to tell when the grants fall below half (lua/complete.lua, lua/submit.lua).
-(8) `active`: tasks in the capability's inboxes (dispatched or running), counted by the scripts
-    that add and delete inbox entries and set exactly by the dispatchers' lease sweep; the
-    `max_running` cap is held against it.
+(8) Counters, exact, each written once per script call that changes it (the field names are
+    the STAT_* constants below; broker/protocol/counters.py reads them):
+    `submitted`                tasks created by submit (a repeated submit counts once)
+    `direct` `routed` `pulled` tasks put in an inbox by a submit's grant, a dispatcher's
+                               round (dispatch.lua), an agent's completion (its standing pull);
+                               dispatched = their sum
+    `finished:<outcome>:<reason>`  tasks ended: succeeded and canceled with reason '', failed
+                               with its reason (fail_task, the one place a task fails;
+                               dead_letter_raw for an entry that is no task: `malformed`)
+    `retries`                  retries scheduled after a retryable failure
+    `reclaims`                 tasks taken back from an agent (a lapsed lease, unread in the
+                               inbox of an agent offline or draining, an agent restarted)
+    `reroutes`                 tasks routed past a full inbox (the dispatchers count them)
+    `late_results`             reports of superseded attempts refused
+    `removed`                  inbox entries deleted other than by a success's report, and the
+                               lease sweep's corrections (active_sync.lua)
+    The tasks in the capability's inboxes (dispatched or running; `max_running` is held against
+    them) are direct + routed + pulled - finished:succeeded: - removed: no script writes a count
+    of its own for them. Also `unserved_since` (dispatcher/no_agent.py).
 (9) broker/policy.py: each field's effective value (the capability's own, else the fleet's,
     else the built-in default), `src:<field>` where it came from, `own:<field>` when it was set
     for this capability itself. The scripts read the capability's hash only (one slot); the
@@ -83,15 +99,46 @@ DRAINING_FIELD = "draining:"
 POLICY_PACKED_FIELD = "packed"
 """A policy hash's fields again, in one field the scripts read (see lua/_policy.lua)."""
 
+STAT_SUBMITTED = "submitted"
+STAT_DIRECT = "direct"
+STAT_ROUTED = "routed"
+STAT_PULLED = "pulled"
+STAT_FINISHED = "finished:"
+"""A finished counter's field is this plus `<outcome>:<reason>` (see finished_field)."""
+STAT_RETRIES = "retries"
+STAT_RECLAIMS = "reclaims"
+STAT_REROUTES = "reroutes"
+STAT_LATE_RESULTS = "late_results"
+STAT_REMOVED = "removed"
+"""The stats hash's counters (note (8) above)."""
+
+
+def finished_field(outcome: str, reason: str = "") -> str:
+    """The stats hash's counter of tasks that ended with `outcome` (and, failed, `reason`)."""
+    return f"{STAT_FINISHED}{outcome}:{reason}"
+
+
 LUA_CONSTANTS = {
     "AGENT_GROUP": AGENT_GROUP,
     "DISPATCH_GROUP": DISPATCH_GROUP,
     "DONE_SUFFIX": TASK_DONE_SUFFIX,
     "DRAINING": DRAINING_FIELD,
     "POLICY_PACKED_FIELD": POLICY_PACKED_FIELD,
+    "STAT_SUBMITTED": STAT_SUBMITTED,
+    "STAT_DIRECT": STAT_DIRECT,
+    "STAT_ROUTED": STAT_ROUTED,
+    "STAT_PULLED": STAT_PULLED,
+    "STAT_SUCCEEDED": finished_field("succeeded"),
+    "STAT_FAILED": finished_field("failed"),
+    "STAT_CANCELED": finished_field("canceled"),
+    "STAT_RETRIES": STAT_RETRIES,
+    "STAT_RECLAIMS": STAT_RECLAIMS,
+    "STAT_LATE_RESULTS": STAT_LATE_RESULTS,
+    "STAT_REMOVED": STAT_REMOVED,
 }
-"""Names the scripts use that do not depend on the prefix: broker/scripts.py writes them at the
-head of every script, so that no `.lua` file spells one itself."""
+"""Names the scripts use that do not depend on the prefix: broker/script_source.py writes each
+value in where a script names it, so that no `.lua` file spells one itself. (STAT_FAILED is the prefix of
+a failed counter's field: a script appends the reason.)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,8 +2,8 @@
 
 Each script is one atomic state change in its own file, opening with a comment that lists its
 KEYS and ARGV. Files starting with '_' hold the helpers the scripts share. A script's text is
-the constants of broker/keys.py (LUA_CONSTANTS), then the helper definitions it uses (directly
-or through another helper), in LIBRARY order, then the script itself.
+the helper definitions it uses (directly or through another helper), in LIBRARY order, then the
+script itself, with the names of broker/keys.py's LUA_CONSTANTS replaced by their values.
 
 Only the definitions used go in because Redis runs a script's whole text on every call, and
 each `local function` there makes a new closure each time: prepending every helper cost a small
@@ -82,8 +82,16 @@ def _library() -> tuple[tuple[str, tuple[Chunk, ...]], ...]:
                  for name in LIBRARY)
 
 
-def _constants() -> str:
-    return "\n".join(f"local {name} = '{value}'" for name, value in LUA_CONSTANTS.items())
+_CONSTANT = re.compile(r"\b(" + "|".join(map(re.escape, LUA_CONSTANTS)) + r")\b")
+assert all(re.fullmatch(r"[\w:.-]*", value) for value in LUA_CONSTANTS.values())
+
+
+def with_constants(text: str) -> str:
+    """The text with each constant of broker/keys.py written in as its string literal. (Not as
+    locals at the head of the script: a helper that names a local of the script's top level
+    takes it as an upvalue, which Lua finds by walking every open upvalue, on every call; a
+    literal costs nothing.)"""
+    return _CONSTANT.sub(lambda m: f"'{LUA_CONSTANTS[m.group(1)]}'", text)
 
 
 def linked_helpers(body: str) -> str:
@@ -111,12 +119,11 @@ def prelude() -> str:
     """The constants and every helper (for tests that call a helper directly)."""
     helpers = [f"-- ===== {name}.lua =====\n" + "".join(c.text for c in chunks)
                for name, chunks in _library()]
-    return "\n".join(["-- ===== constants (broker/keys.py) =====", _constants(), *helpers])
+    return with_constants("\n".join(helpers))
 
 
 @cache
 def source(name: str) -> str:
     """The text Redis is given for script `name`."""
     body = (LUA_DIR / f"{name}.lua").read_text(encoding="utf-8")
-    return "\n".join(["-- ===== constants (broker/keys.py) =====", _constants(),
-                      linked_helpers(body), f"-- ===== {name}.lua =====", body])
+    return with_constants("\n".join([linked_helpers(body), f"-- ===== {name}.lua =====", body]))

@@ -13,7 +13,7 @@ import tomllib
 from collections.abc import Mapping
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -125,8 +125,20 @@ class Settings(BaseSettings):
     idle_tick_ms: int = Field(1000, gt=0)
     """Longest a dispatcher sleeps without a wake-up signal before it looks again."""
     dispatch_batch: int = Field(256, ge=1)
+    metrics_addr: str | None = None
+    """HOST:PORT where the process serves /metrics, /healthz and /readyz (port 0: a free one,
+    logged); `off` for none. Unset: off for a worker, DISPATCHER_METRICS_ADDR for a dispatcher."""
+    log_format: Literal["text", "json"] = "text"
+    """`json`: one JSON object a line (time, level, logger, message, and the task's fields)."""
 
     capabilities: dict[str, CapabilityConfig] = Field(default_factory=dict)
+
+    @field_validator("metrics_addr")
+    @classmethod
+    def _check_metrics_addr(cls, value: str | None) -> str | None:
+        if value is not None and value != "off":
+            parse_address(value)
+        return value
 
     @field_validator("prefix")
     @classmethod
@@ -178,6 +190,25 @@ class Settings(BaseSettings):
 
     def redacted_url(self) -> str:
         return redact_url(self.redis_url)
+
+    def metrics_address(self, default: str | None) -> tuple[str, int] | None:
+        """Where to serve metrics and health (host, port), or None for nowhere: metrics_addr,
+        else the process kind's `default` (None: off)."""
+        value = self.metrics_addr if self.metrics_addr is not None else default
+        return None if value is None or value == "off" else parse_address(value)
+
+
+DISPATCHER_METRICS_ADDR = "127.0.0.1:9464"
+"""Where a dispatcher serves metrics unless told (a worker serves none unless told)."""
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """HOST:PORT (an IPv6 host in brackets) as (host, port); ValueError naming what is wrong."""
+    host, sep, port = text.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT (port 0-65535; 0 picks a free one) or 'off', got {text!r}")
+    return host, int(port)
 
 
 class _FileSource(PydanticBaseSettingsSource):

@@ -64,6 +64,7 @@ class CapabilityLoop:
         self._hold_until = 0.0
         """No round before this (monotonic): the rate allows no start until then."""
         self._rng = random.Random()
+        self.metrics = ctx.metrics.for_capability(capability) if ctx.metrics is not None else None
         self._wake = asyncio.Event()
         self._urgent = False
         """A wake-up that must not wait (new tasks, registry changes)."""
@@ -164,7 +165,10 @@ class CapabilityLoop:
         # Routing first: a task that just arrived is on its way before the housekeeping round
         # trip (what housekeeping makes ready is routed at the next step, which follows at once).
         await self.policy.refresh()
+        started = time.perf_counter()
         moved = await self.route()
+        if self.metrics is not None:
+            self.metrics.round_seconds.observe(time.perf_counter() - started)
         if self.housekeeping.due():
             housekept = await self.housekeeping.run()
             if housekept:
@@ -198,6 +202,8 @@ class CapabilityLoop:
                               self.observations.probes, filtered)
         want = round_tasks(round_, self.ctx.settings)
         choices, drained, settled = await self._choose(round_, want)
+        if self.metrics is not None and choices:
+            self.metrics.decisions.inc(len(choices))
         if drained:
             self.ready.maybe_queued = False
         # Agents pull only while tasks wait (an empty queue has grants instead).

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from broker.keys import CapabilityKeys
+from broker.keys import STAT_REROUTES, CapabilityKeys
 from broker.protocol.delivery import AgentBatch, DispatchResult, dispatch_call, parse_dispatch
 from dispatcher.context import DispatcherContext
 from dispatcher.observations import Observations
@@ -134,7 +134,7 @@ class Handoff:
         """Add the reroutes seen to the capability's stats (dispatch.lua counts dispatches)."""
         if not self.reroutes:
             return
-        await self.ctx.redis.hincrby(self.keys.stats, "reroutes", self.reroutes)
+        await self.ctx.redis.hincrby(self.keys.stats, STAT_REROUTES, self.reroutes)
         self.total_reroutes += self.reroutes
         self.reroutes = 0
 

@@ -12,16 +12,21 @@ import asyncio
 import contextlib
 import logging
 import signal
+import time
+from typing import Any
 
+from broker.errors import ConfigError
 from broker.ids import CAPABILITY_RE
 from broker.infra import connection, eventloop, outages
+from broker.infra.metrics_server import MetricsServer, serve
 from broker.keys import RegistryKeys
 from broker.protocol import wake
 from broker.retention import trim
-from broker.settings import Settings
+from broker.settings import DISPATCHER_METRICS_ADDR, Settings
 from dispatcher.capability import CapabilityLoop
 from dispatcher.context import DispatcherContext
 from dispatcher.health import HealthWatcher
+from dispatcher.metrics import TICK_S, DispatcherMetrics
 from dispatcher.policy import seed
 from dispatcher.scheduler import Scheduler
 
@@ -42,14 +47,16 @@ class Dispatcher:
         self._registry_dirty = asyncio.Event()
         self._stop = asyncio.Event()
         self.ctx: DispatcherContext | None = None
+        self._helpers: list[asyncio.Task[None]] = []
 
     async def run(self, *, install_signals: bool = True) -> int:
         if install_signals:
             loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
+        metrics, server = self._serve_metrics()
         ctx = self.ctx = DispatcherContext.connect(self.settings, dispatcher_id=self.dispatcher_id,
-                                                   only=self.only)
+                                                   only=self.only, metrics=metrics)
         health = HealthWatcher(ctx)
         log.info("dispatcher %s (tag %s) starting on %s (prefix %r, %s loop)", ctx.dispatcher_id,
                  ctx.tag, self.settings.redacted_url(), self.settings.prefix,
@@ -63,6 +70,9 @@ class Dispatcher:
             asyncio.create_task(self._retention(), name="dlq-retention"),
             asyncio.create_task(Scheduler(ctx).run(), name="scheduler"),
         ]
+        if metrics is not None:
+            helpers.append(asyncio.create_task(_tick(metrics), name="loop-ticker"))
+        self._helpers = helpers
         await self._stop.wait()
         everything = [*helpers, *self._tasks.values()]
         for task in everything:
@@ -72,11 +82,45 @@ class Dispatcher:
             log.warning("%d job(s) did not stop within %.0fs", len(stuck), STOP_TIMEOUT_S)
         with contextlib.suppress(*outages.TRANSIENT_ERRORS):
             await asyncio.wait_for(ctx.close(), STOP_TIMEOUT_S)
+        if server is not None:
+            server.stop()
         log.info("dispatcher %s stopped", ctx.dispatcher_id)
         return 0
 
     def stop(self) -> None:
         self._stop.set()
+
+    # -- metrics and probes -----------------------------------------------------------------
+
+    def _serve_metrics(self) -> tuple[DispatcherMetrics | None, MetricsServer | None]:
+        """Its metrics server, where the settings ask for one (by default 127.0.0.1:9464: when
+        that is taken, this dispatcher runs without; an address given must be had)."""
+        address = self.settings.metrics_address(DISPATCHER_METRICS_ADDR)
+        if address is None:
+            return None, None
+        metrics = DispatcherMetrics(self.settings)
+        try:
+            return metrics, serve(metrics.registry, self._healthz, self._readyz, address, "dispatcher")
+        except OSError as exc:
+            if self.settings.metrics_addr is not None:
+                raise ConfigError(f"cannot serve metrics on {self.settings.metrics_addr}: {exc}") from exc
+            log.warning("no metrics: the default address %s cannot be had (%s); set metrics_addr "
+                        "(port 0 picks a free one) or 'off'", DISPATCHER_METRICS_ADDR, exc)
+            return None, None
+
+    def _healthz(self) -> dict[str, Any]:
+        """Its event loop runs, and none of its loops has ended (each retries what fails)."""
+        metrics = self.ctx.metrics if self.ctx is not None else None
+        age = metrics.loop_age_s() if metrics is not None else 0.0
+        jobs = [*self._helpers, *self._tasks.values()]
+        return {"event_loop": age < self.settings.stall_after_ms / 1000, "_event_loop_age_s": round(age, 3),
+                "loops_running": self._stop.is_set() or not any(job.done() for job in jobs)}
+
+    def _readyz(self) -> dict[str, Any]:
+        """It can route: Redis answers, and it is not stopping."""
+        metrics = self.ctx.metrics if self.ctx is not None else None
+        return {"redis": metrics is not None and metrics.redis_ok(), "not_stopping": not self._stop.is_set(),
+                "_capabilities": len(self.loops)}
 
     # -- capabilities and the registry ------------------------------------------------------
 
@@ -172,6 +216,13 @@ class Dispatcher:
         elif isinstance(message, wake.GrantsTaken) and (loop := self.loops.get(message.capability)):
             loop.observations.note_load(message.agent_id, message.inbox_len, message.inbox_pending)
             loop.on_took(message.taken, message.left)
+
+
+async def _tick(metrics: DispatcherMetrics) -> None:
+    """Note that the event loop runs (/healthz)."""
+    while True:
+        metrics.last_tick = time.monotonic()
+        await asyncio.sleep(TICK_S)
 
 
 def _on_freed(loop: CapabilityLoop, message: wake.AgentFreed) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import json
-import logging
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from broker.errors import BadInput, ReachError
-from broker.infra import connection, outages
+from broker.infra import connection, logs, outages
 from broker.settings import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -95,12 +94,14 @@ def print_json(value: Any) -> None:
     typer.echo(json.dumps(value, ensure_ascii=False, default=str))
 
 
-def setup_logging(level: str = "INFO") -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper(), logging.INFO),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+LogFormatOption = Annotated[str | None, typer.Option(
+    "--log-format", help="text (default) or json: one JSON object a line (else REACH_LOG_FORMAT)")]
+MetricsAddrOption = Annotated[str | None, typer.Option(
+    "--metrics-addr", help="HOST:PORT for /metrics, /healthz, /readyz (port 0: a free one); off: none")]
+
+
+def setup_logging(level: str = "INFO", fmt: str = "text") -> None:
+    logs.setup(level, "json" if fmt == "json" else "text")
 
 
 def fail(message: str, code: int = EXIT_RUNTIME) -> NoReturn:

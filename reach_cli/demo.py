@@ -31,7 +31,7 @@ def _progress_table(rows: list[tuple[str, int, TaskStatus]]) -> Table:
 
 
 def run_demo(settings: Settings, config: Path | None) -> int:
-    stack = Stack(settings, quiet=True, config=config)
+    stack = Stack(settings, quiet=True, config=config, metrics=False)
     console.print("[bold]Agent-Reach demo[/bold]: starting Redis, a dispatcher and two "
                   "summarize agents…")
     try:

@@ -16,6 +16,8 @@ from reach_cli import gateway, ops, policy, schedules, tasks
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
+    LogFormatOption,
+    MetricsAddrOption,
     RedisUrlOption,
     cli_errors,
     console,
@@ -114,17 +116,20 @@ def dispatcher(
     capability: Annotated[list[str] | None, typer.Option(
         "--capability", "-c", help="Serve only these capabilities (default: all)")] = None,
     log_level: Annotated[str, typer.Option()] = "INFO",
+    log_format: LogFormatOption = None,
+    metrics_addr: MetricsAddrOption = None,
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """Run a dispatcher (several may run at once)."""
+    """Run a dispatcher (several may run at once). It serves /metrics, /healthz and /readyz on
+    127.0.0.1:9464 unless told otherwise."""
     from broker.ids import check_capability
     from dispatcher import Dispatcher
 
     for name in capability or ():
         check_capability(name)  # (a name no task can have would be served silently, never used)
-    setup_logging(log_level)
-    settings = load_settings(config, redis_url)
+    settings = load_settings(config, redis_url, log_format=log_format, metrics_addr=metrics_addr)
+    setup_logging(log_level, settings.log_format)
     with asyncio.Runner(loop_factory=eventloop.loop_factory()) as runner:
         code = runner.run(Dispatcher(settings, capability).run())
     raise typer.Exit(code)

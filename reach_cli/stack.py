@@ -28,8 +28,10 @@ STOP_TIMEOUT_S = 40.0
 class Stack:
     def __init__(self, settings: Settings, *, workers: int = 2, capability: str = "summarize",
                  concurrency: int = 4, log_dir: Path | None = None, config: Path | None = None,
-                 quiet: bool = False, gateway_addr: str | None = None) -> None:
+                 quiet: bool = False, gateway_addr: str | None = None, metrics: bool = True) -> None:
         self.settings = settings
+        self.metrics = metrics
+        """False: no process serves metrics (else the dispatcher does, on its default address)."""
         self.workers = workers
         self.capability = capability
         self.concurrency = concurrency
@@ -51,6 +53,8 @@ class Stack:
                    PYTHONUNBUFFERED="1")
         if self.config is not None:
             env["REACH_CONFIG"] = str(self.config.resolve())
+        if not self.metrics:
+            env["REACH_METRICS_ADDR"] = "off"
         level = "WARNING" if self.quiet else "INFO"
         self._spawn("dispatcher", [sys.executable, "-m", "reach_cli", "dispatcher",
                                    "--log-level", level], env)

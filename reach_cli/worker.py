@@ -15,7 +15,15 @@ from agent_worker.http_bridge.options import BridgeOptions
 from agent_worker.worker import Worker
 from broker.infra import eventloop
 from broker.settings import Settings
-from reach_cli.common import EXIT_USAGE, cli_errors, fail, run_app, setup_logging
+from reach_cli.common import (
+    EXIT_USAGE,
+    LogFormatOption,
+    MetricsAddrOption,
+    cli_errors,
+    fail,
+    run_app,
+    setup_logging,
+)
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
@@ -56,10 +64,12 @@ def serve(
     redis_url: Annotated[str | None, typer.Option(help="Redis URL (else REDIS_URL)")] = None,
     config: Annotated[Path | None, typer.Option(help="Config file (else REACH_CONFIG, ./reach.toml)")] = None,
     log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING, ERROR")] = "INFO",
+    log_format: LogFormatOption = None,
+    metrics_addr: MetricsAddrOption = None,
 ) -> None:
     """Serve capabilities: read tasks from this agent's inboxes, run them, report results."""
-    setup_logging(log_level)
-    settings = Settings.load(config, redis_url=redis_url)
+    settings = Settings.load(config, redis_url=redis_url, log_format=log_format, metrics_addr=metrics_addr)
+    setup_logging(log_level, settings.log_format)
     if handler and http:
         fail("give --handler or --http, not both", EXIT_USAGE)
     new_loop = eventloop.loop_factory()  # (a bad REACH_EVENT_LOOP fails before handlers load)

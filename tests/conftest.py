@@ -49,6 +49,7 @@ FAST = {
     "backoff_max_ms": 400,
     "backoff_jitter_ms": 50,
     "drain_grace_ms": 10000,
+    "metrics_addr": "off",  # (a test that wants metrics asks for a free port: 127.0.0.1:0)
 }
 
 
@@ -191,6 +192,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     for name, value in settings.model_dump(exclude={"redis_url", "capabilities"}).items():
+        if value is None:
+            continue
         env[f"REACH_{name.upper()}"] = str(value).lower() if isinstance(value, bool) else str(value)
     return env
 

@@ -92,6 +92,8 @@ class Row(ABC):
     max_n: ClassVar[int | None] = None
     """At most this many tasks per enqueue/drain (a row whose cost per task is constant and so
     slow that 10,000 would take most of an hour); said in the row's note."""
+    opt_in: ClassVar[bool] = False
+    """Runs only when named in --only (a variant of another row, not a system of its own)."""
 
     def __init__(self, bench: Bench) -> None:
         self.b = bench

@@ -91,7 +91,13 @@ class ReachRow(Row):
     # -- processes --------------------------------------------------------------------------
 
     def env(self) -> dict[str, str]:
-        return self.b.env(REDIS_URL=self.b.url, REACH_PREFIX=self.ns)
+        # (no metrics server: a dispatcher serves one on 127.0.0.1:9464 by default; the
+        # `reach-metrics` row measures Reach with them)
+        return self.b.env(REDIS_URL=self.b.url, REACH_PREFIX=self.ns, REACH_METRICS_ADDR="off")
+
+    def process_args(self, name: str) -> list[str]:
+        """More arguments for the process `name` starts (the metrics row's addresses)."""
+        return []
 
     def start_workers(self, count: int, *, handler: str | None = None,
                       concurrency: int | None = None) -> Workers:
@@ -100,7 +106,8 @@ class ReachRow(Row):
         for i in range(count):
             agent_id = f"{self.ns}-w{i + 1}"
             argv = self.b.python("reach_cli.worker", "--capability", CAPABILITY, "--agent-id", agent_id,
-                                 "--concurrency", str(concurrency or self.b.opts.reach_concurrency))
+                                 "--concurrency", str(concurrency or self.b.opts.reach_concurrency),
+                                 *self.process_args(agent_id))
             if handler:
                 argv += ["--handler", handler]
             procs.append(self.b.sup.spawn(f"reach-worker-{agent_id}", argv, self.env()))
@@ -111,7 +118,8 @@ class ReachRow(Row):
     def release(self, ws: Workers) -> None:
         """Start the dispatcher; return once it routed its first tasks (start-up is over)."""
         depth_before = self.b.target.r.zcard(self.keys.queue)
-        proc = self.b.sup.spawn("reach-dispatcher", self.b.python("reach_cli", "dispatcher"), self.env())
+        proc = self.b.sup.spawn("reach-dispatcher", self.b.python(
+            "reach_cli", "dispatcher", *self.process_args("dispatcher")), self.env())
         ws.helpers.append(proc)
         deadline = time.monotonic() + 60
         while self.b.target.r.zcard(self.keys.queue) >= depth_before > 0:

@@ -1,6 +1,6 @@
--- Shared helpers, prepended to every script of this folder when it is loaded (broker/scripts.py,
--- which writes the constants of broker/keys.py above them: AGENT_GROUP, DISPATCH_GROUP,
--- DONE_SUFFIX, DRAINING). Scripts take every key and channel from KEYS and ARGV; where a key
+-- Shared helpers, prepended to every script of this folder when it is loaded (those it uses:
+-- broker/script_source.py, which also writes in the value of each constant of broker/keys.py
+-- the scripts name: AGENT_GROUP, DONE_SUFFIX, STAT_SUBMITTED, ...). Scripts take every key and channel from KEYS and ARGV; where a key
 -- depends on data (the agent a grant names, a task pulled from the queue) they get its prefix
 -- from broker/keys.py in ARGV. Times come from the Redis server clock (TIME), never a client.
 
@@ -34,8 +34,21 @@ local function jint(n)
 end
 
 -- What every state change of a script shares: where events go (the capability's feed, and the
--- prefix of the task channels: a task's channel is that plus its id) and how long records live.
-local function context(feed, feed_maxlen, task_channels, ttl)
+-- prefix of the task channels: a task's channel is that plus its id), how long records live,
+-- and the capability's stats hash (its counters: broker/keys.py note (8)), where the counts the
+-- call made go at its end (see count).
+local function context(feed, feed_maxlen, task_channels, ttl, stats)
   return {feed = feed, feed_maxlen = tonumber(feed_maxlen) or 0, chan = task_channels,
-          ttl = tonumber(ttl) or 0, lines = {}}
+          ttl = tonumber(ttl) or 0, lines = {}, stats = stats}
+end
+
+-- Add n to the stats counter `field`: kept in the context and written once per field when the
+-- call ends (flush_feed), so that a call counting many tasks pays one HINCRBY per counter.
+local function count(c, field, n)
+  local counts = c.counts
+  if not counts then
+    counts = {}
+    c.counts = counts
+  end
+  counts[field] = (counts[field] or 0) + n
 end

@@ -69,11 +69,18 @@ local function event(c, t, etype, agent, now, data)
   t._seq_dirty = true
 end
 
--- One feed entry per call, holding every event the call made (one `task id|seq|event` line each).
+-- One feed entry per call, holding every event the call made (one `task id|seq|event` line each);
+-- and the counts the call made (count in _base.lua), one HINCRBY per counter.
 local function flush_feed(c)
   if #c.lines > 0 then
     redis.call('XADD', c.feed, 'MAXLEN', '~', c.feed_maxlen, '*', 'events', table.concat(c.lines, '\n'))
     c.lines = {}
+  end
+  if c.counts then
+    for field, n in pairs(c.counts) do
+      if n ~= 0 then redis.call('HINCRBY', c.stats, field, n) end
+    end
+    c.counts = nil
   end
 end
 

@@ -31,6 +31,7 @@ local function fail_task(c, t, dlq_key, reason, err, agent, now)
   set(t, 'reason', reason)
   set(t, 'error', err or '')
   set(t, 'finished_at', jint(now))
+  count(c, STAT_FAILED .. reason, 1)
   local data = '{"reason":' .. jstr(reason) .. ',"error":' .. jstr(err) .. '}'
   if reason == 'expired' then event(c, t, 'expired', agent, now, data) end
   event(c, t, 'failed', agent, now, data)

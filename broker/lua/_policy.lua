@@ -6,8 +6,8 @@
 -- (broker/protocol/policy_pack.py defines the layout; `gated` is '1' when a start limit applies:
 -- paused, a rate or a max_running; '?' when a field is not set and the caller's `defaults`,
 -- packed alike, fill it in). The starts a call may make are held to the rate (a token bucket by
--- the server clock) and to max_running (against the `active` count of the stats hash: tasks in
--- the capability's inboxes).
+-- the server clock) and to max_running (against the tasks in the capability's inboxes, as the
+-- stats hash's counters tell them: active_count).
 
 local POLICY_PATTERN = '^([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)|([^|]*)$'
 
@@ -86,12 +86,18 @@ local function token_wait_ms(key, p, now)
   return math.ceil((1 - tokens) / p.rate * 1000)
 end
 
+-- The tasks handed out (in the capability's inboxes, dispatched or running): what its counters
+-- say went in less what came out (broker/keys.py note (8)).
+local function active_count(stats_key)
+  local v = redis.call('HMGET', stats_key, STAT_DIRECT, STAT_ROUTED, STAT_PULLED, STAT_SUCCEEDED,
+                       STAT_REMOVED)
+  return (tonumber(v[1]) or 0) + (tonumber(v[2]) or 0) + (tonumber(v[3]) or 0)
+    - (tonumber(v[4]) or 0) - (tonumber(v[5]) or 0)
+end
+
 -- How many more tasks may be handed out under max_running (a large number without a cap).
 local function room_to_run(stats_key, p)
   if p.max_running <= 0 then return 1e9 end
-  return math.max(0, p.max_running - (tonumber(redis.call('HGET', stats_key, 'active')) or 0))
+  return math.max(0, p.max_running - active_count(stats_key))
 end
 
-local function count_active(stats_key, delta)
-  if delta ~= 0 then redis.call('HINCRBY', stats_key, 'active', delta) end
-end

@@ -1,6 +1,6 @@
 -- accept: an agent takes tasks it read from its inbox and starts running them.
 -- KEYS[1] the agent's inbox   KEYS[2] dead-letter stream   KEYS[3] capability event feed
--- KEYS[4] agent tokens hash   KEYS[5] capability stats hash   KEYS[6] policy hash
+-- KEYS[4] agent tokens hash   KEYS[5] capability stats hash (counts)   KEYS[6] policy hash
 -- then KEYS[7+i] the task hash of task i
 -- ARGV[1] agent id   ARGV[2] agent token   ARGV[3] feed maxlen   ARGV[4] task channel prefix
 -- ARGV[5] result ttl ms   ARGV[6] '1' when the agent started the tasks already (from what their
@@ -14,12 +14,11 @@
 -- already: the agent reported it before this record of its start), and for 'ok' when the agent
 -- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace id, session id,
 -- metadata, max attempts, task id ('' otherwise).
-local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5])
+local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} end
 local started = ARGV[6] == '1'
 local n = #KEYS - 6
-local stats = KEYS[5]
 local p = nil  -- (the policy, read only when a row needs it)
 local function policy()
   p = p or load_policy(KEYS[6], ARGV[7])
@@ -48,7 +47,7 @@ end
 
 local function drop(entry)
   redis.call('XACK', inbox, AGENT_GROUP, entry)
-  count_active(stats, -redis.call('XDEL', inbox, entry))
+  count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
 end
 
 local function start(t)
@@ -76,6 +75,7 @@ for i = 0, n - 1 do
       row('failed', t)
     else
       event(c, t, 'reclaimed', agent, now, '{"reason":"agent restarted"}')
+      count(c, STAT_RECLAIMS, 1)
       start(t)
       row('ok', t)
     end

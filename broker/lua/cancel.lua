@@ -11,7 +11,7 @@
 -- channel, and any result it reports later is discarded).
 -- Returns {'gone'} | {'terminal', state} | {'canceled', previous state} | {'moved', agent}
 -- when the task is now with another agent than the caller said (call again with that one).
-local c = context(KEYS[4], ARGV[2], ARGV[3], ARGV[4])
+local c = context(KEYS[4], ARGV[2], ARGV[3], ARGV[4], KEYS[6])
 local t = load_task(KEYS[3], {'state', 'agent_id', 'entry'})
 local state = t.state
 if not state then return {'gone'} end
@@ -27,13 +27,14 @@ redis.call('ZREM', KEYS[2], ARGV[1])
 if state == 'dispatched' and t.entry then
   -- Unread? Then take it out of the inbox. (Read ones stay: the agent finishes them off.)
   if #redis.call('XPENDING', KEYS[5], AGENT_GROUP, t.entry, t.entry, 1) == 0 then
-    count_active(KEYS[6], -redis.call('XDEL', KEYS[5], t.entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', KEYS[5], t.entry))
   end
 end
 local now = now_ms()
 set(t, 'state', 'canceled')
 set(t, 'finished_at', jint(now))
 set(t, 'reason', 'canceled')
+count(c, STAT_CANCELED, 1)
 event(c, t, 'canceled', t.agent_id, now, '{"previous_state":' .. jstr(state) .. '}')
 save(t)
 if (state == 'dispatched' or state == 'running') and agent ~= '' then

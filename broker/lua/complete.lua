@@ -18,7 +18,7 @@
 --   body (result JSON on success, else the error text), retry backoff ms, execution ms
 -- Returns {'refused'} for a bad token, else {inbox length, inbox pending, tasks pulled,
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
-local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5])
+local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[9])
 local inbox, agent = KEYS[1], ARGV[1]
 if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'refused'} end
 local n = #KEYS - 13
@@ -48,6 +48,10 @@ for i = 0, n - 1 do
     oks = oks + 1
     -- (`round|why|score|eligible`: only `why` can read 'grant'; a plain find, on a drain's path)
     if f[13] and string.find(f[13], '|grant|', 1, true) then by_grant = by_grant + 1 end
+  elseif status == 'retry' then
+    count(c, STAT_RETRIES, 1)
+  elseif status == 'stale' then
+    count(c, STAT_LATE_RESULTS, 1)
   end
   if status == 'ok' or status == 'failed' or status == 'retry' then
     timed = timed + 1
@@ -63,7 +67,10 @@ end
 
 if n > 0 then
   redis.call('XACK', inbox, AGENT_GROUP, unpack(entries))
-  count_active(stats, -redis.call('XDEL', inbox, unpack(entries)))
+  local removed = redis.call('XDEL', inbox, unpack(entries))
+  -- (a success's entry counts as gone with it: see broker/keys.py note (8))
+  if oks > 0 then redis.call('HINCRBY', stats, STAT_SUCCEEDED, oks) end
+  if removed ~= oks then count(c, STAT_REMOVED, removed - oks) end
 end
 
 -- A pull needs a success that left no failure after it (the agent's circuit is closed); whether
@@ -92,9 +99,7 @@ if pull then
   give_back_tokens(KEYS[13], p, tokens - pulled)
   if pulled > 0 then
     len = len + pulled
-    redis.call('HINCRBY', stats, 'dispatched', pulled)
-    redis.call('HINCRBY', stats, 'pulled', pulled)
-    count_active(stats, pulled)
+    redis.call('HINCRBY', stats, STAT_PULLED, pulled)
   end
 end
 flush_feed(c)

@@ -2,7 +2,7 @@
 -- nor past the capability's policy (paused, rate, max_running: _policy.lua). One call serves
 -- one routing round's choices for one or more agents.
 -- KEYS[1] queue zset   KEYS[2] capability event feed   KEYS[3] dead-letter stream
--- KEYS[4] agent tokens hash   KEYS[5] capability stats hash (counts what was dispatched)
+-- KEYS[4] agent tokens hash   KEYS[5] capability stats hash (counts what was routed, expired)
 -- KEYS[6] sessions hash   KEYS[7] policy hash   KEYS[8] rate bucket
 -- then KEYS[9..8+A] the inbox of agent j, then the task hash of each task, in the order of ARGV
 -- ARGV[1] feed maxlen   ARGV[2] task channel prefix   ARGV[3] result ttl ms   ARGV[4] A, the agents
@@ -22,7 +22,7 @@
 -- rate allows the next start; then for each agent 6 values: inbox length, inbox pending (-1:
 -- not looked at, the inbox being far from its limit), dispatched, taken, expired, left;
 -- then the first ARGV[5] ready tasks as local id, score pairs.
-local c = context(KEYS[2], ARGV[1], ARGV[2], ARGV[3])
+local c = context(KEYS[2], ARGV[1], ARGV[2], ARGV[3], KEYS[5])
 local stats = KEYS[5]
 local p = load_policy(KEYS[7], ARGV[6])
 local agents = tonumber(ARGV[4])
@@ -96,10 +96,7 @@ for j = 0, agents - 1 do
     out[#out + 1] = taken; out[#out + 1] = expired; out[#out + 1] = left
   end
 end
-if dispatched_all > 0 then
-  redis.call('HINCRBY', stats, 'dispatched', dispatched_all)
-  count_active(stats, dispatched_all)
-end
+if dispatched_all > 0 then redis.call('HINCRBY', stats, STAT_ROUTED, dispatched_all) end
 give_back_tokens(KEYS[8], p, tokens - dispatched_all)
 flush_feed(c)
 local peek = tonumber(ARGV[5])

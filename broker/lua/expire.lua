@@ -13,7 +13,7 @@
 -- already read belongs to an agent that is told to stop.
 -- Entries of tasks that ended meanwhile are dropped from the index.
 -- Returns {expired, rescheduled}.
-local c = context(KEYS[5], ARGV[1], ARGV[2], ARGV[3])
+local c = context(KEYS[5], ARGV[1], ARGV[2], ARGV[3], KEYS[6])
 local n = #KEYS - 6
 
 -- The task's agent told to stop, and its entry taken back if still unread (see above).
@@ -26,7 +26,7 @@ local function recall(t)
     -- (pcall: the inbox of an agent that deregistered is gone, with its group)
     local read = redis.pcall('XPENDING', inbox, AGENT_GROUP, t.entry, t.entry, 1)
     if type(read) == 'table' and not read.err and #read == 0 then
-      count_active(KEYS[6], -redis.call('XDEL', inbox, t.entry))
+      count(c, STAT_REMOVED, redis.call('XDEL', inbox, t.entry))
       return
     end
   end

@@ -8,7 +8,7 @@
 -- ARGV[1] feed maxlen   ARGV[2] task channel prefix   ARGV[3] result ttl ms
 -- ARGV[4] the no-agent timeout ms   then ARGV[5+i] the local id of task i
 -- Returns how many tasks failed.
-local c = context(KEYS[3], ARGV[1], ARGV[2], ARGV[3])
+local c = context(KEYS[3], ARGV[1], ARGV[2], ARGV[3], KEYS[4])
 local nat = tonumber(ARGV[4])
 local now = now_ms()
 local cutoff = now - nat

@@ -13,7 +13,7 @@
 -- The fence moves, so anything the old attempt reports later is refused. A task that already
 -- used all its attempts fails with retries_exhausted.
 -- Returns {requeued, failed, skipped}.
-local c = context(KEYS[4], ARGV[4], ARGV[5], ARGV[6])
+local c = context(KEYS[4], ARGV[4], ARGV[5], ARGV[6], KEYS[6])
 local inbox, agent, me = KEYS[1], ARGV[1], ARGV[2]
 local p = load_policy(KEYS[7], ARGV[3])
 local aging = tonumber(p.aging)
@@ -27,7 +27,7 @@ for i = 0, n - 1 do
     skipped = skipped + 1
   else
     redis.call('XACK', inbox, AGENT_GROUP, entry)
-    count_active(KEYS[6], -redis.call('XDEL', inbox, entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
     local t = load_task(KEYS[8 + i], {'state', 'fence', 'agent_id', 'priority', 'max_attempts'})
     if (t.state == 'running' or t.state == 'dispatched') and t.fence == fence and t.agent_id == agent then
       local was = t.state
@@ -43,6 +43,7 @@ for i = 0, n - 1 do
       local attempt, most = tonumber(t.attempt) or 0, tonumber(t.max_attempts) or tonumber(p.max_attempts)
       local data = '{"reason":' .. jstr(ARGV[8]) .. ',"read":true,"was":' .. jstr(was) .. '}'
       event(c, t, 'reclaimed', agent, now, data)
+      count(c, STAT_RECLAIMS, 1)
       if attempt >= most then
         fail_task(c, t, KEYS[3], 'retries_exhausted',
           ARGV[8] .. ' on the last attempt (' .. attempt .. ' of ' .. most .. ')', agent, now)

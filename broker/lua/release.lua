@@ -7,7 +7,7 @@
 -- ARGV[5] capability   ARGV[6] reason (e.g. "agent offline")   ARGV[7] wake channel
 -- then for task i: ARGV[8+2i] inbox entry id, ARGV[9+2i] fencing token of that entry
 -- Returns the number of tasks put back.
-local c = context(KEYS[3], ARGV[3], ARGV[4], 0)
+local c = context(KEYS[3], ARGV[3], ARGV[4], 0, KEYS[4])
 local inbox, agent = KEYS[1], ARGV[1]
 local aging = tonumber(load_policy(KEYS[5], ARGV[2]).aging)
 local n = #KEYS - 5
@@ -18,7 +18,7 @@ for i = 0, n - 1 do
   -- Read by the agent in the meantime? Then it is not ours to move.
   local pending = redis.call('XPENDING', inbox, AGENT_GROUP, entry, entry, 1)
   if #pending == 0 and #redis.call('XRANGE', inbox, entry, entry) == 1 then
-    count_active(KEYS[4], -redis.call('XDEL', inbox, entry))
+    count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
     local t = load_task(KEYS[6 + i], {'state', 'fence', 'agent_id', 'priority', 'session_id', 'region',
       'routing', 'last_agent_id'})
     if t.state == 'dispatched' and t.fence == fence and t.agent_id == agent then
@@ -27,6 +27,7 @@ for i = 0, n - 1 do
       set(t, 'queued_at', jint(now))
       set(t, 'agent_id', '')
       event(c, t, 'reclaimed', agent, now, '{"reason":' .. jstr(ARGV[6]) .. ',"read":false}')
+      count(c, STAT_RECLAIMS, 1)
       event(c, t, 'queued', nil, now, '{"priority":' .. jint(t.priority) .. '}')
       save(t)
       redis.call('ZADD', KEYS[2], queue_score(now, tonumber(t.priority) or 5, aging,

@@ -29,8 +29,7 @@ local max_depth, aging = tonumber(p.max_depth), nil
 local idem_ttl = tonumber(ARGV[2])
 local n = (#ARGV - 8) / 7
 local wake, cap = ARGV[8], ARGV[5]
-local g = {grants = KEYS[5], granted = KEYS[8], tokens = KEYS[6], inbox_prefix = ARGV[6],
-           low_max = tonumber(ARGV[7])}
+local g = nil  -- (the grants' keys, made only when grants stand: see below)
 local NONE = {}
 
 local depth = redis.call('ZCARD', queue)
@@ -39,15 +38,20 @@ if depth + n > max_depth then
 end
 -- Tasks go straight to agents only while the queue is empty, so none passes a waiting one; and
 -- never while the capability is paused, past its rate, or at its max_running.
-local granted = (depth == 0 and not p.paused) and redis.call('LLEN', g.grants) or 0
+local granted = (depth == 0 and not p.paused) and redis.call('LLEN', KEYS[5]) or 0
 local direct_ok = granted > 0
 local room = direct_ok and room_to_run(stats, p) or 0
+local loads = nil
+if direct_ok then
+  g = {grants = KEYS[5], granted = KEYS[8], tokens = KEYS[6], inbox_prefix = ARGV[6],
+       low_max = tonumber(ARGV[7])}
+  loads = {}
+end
 
-local loads = {}
 local now = now_ms()
 local now_s = jint(now)
 local out = {}
-local queued, direct = 0, 0
+local queued, direct, created = 0, 0, 0
 local k = 12
 for i = 0, n - 1 do
   local a = 9 + 7 * i
@@ -134,6 +138,7 @@ for i = 0, n - 1 do
     end
     out[#out + 1] = 'new'
     out[#out + 1] = task_id
+    created = created + 1
   end
   if o.intake_entry then
     redis.call('XACK', KEYS[3], DISPATCH_GROUP, o.intake_entry)
@@ -142,10 +147,9 @@ for i = 0, n - 1 do
 end
 flush_feed(c)
 if queued > 0 then wake_task(wake, cap) end
+if created > 0 then redis.call('HINCRBY', stats, STAT_SUBMITTED, created) end
 if direct > 0 then
-  redis.call('HINCRBY', stats, 'dispatched', direct)
-  redis.call('HINCRBY', stats, 'direct', direct)
-  count_active(stats, direct)
+  redis.call('HINCRBY', stats, STAT_DIRECT, direct)
   tell_took(g, wake, cap, granted, loads)
 end
 return out

@@ -14,6 +14,7 @@ scores, the health hash) is defined and parsed once, in the module named for it:
     wake         the dispatchers' wake-up messages (sent by lua/_wake.lua)
     health       the agent health hash (kept by lua/_health.lua and reclaim.lua)
     lifecycle    cancel.lua, watch.lua, promote.lua, expire.lua, dead_letter_raw.lua
+    counters     the counters the scripts keep in each capability's stats hash
     agents       register.lua, bind.lua, unbind.lua, heartbeat.lua, deregister.lua, agent_state.lua
     callbacks    HTTP agents' callbacks: callback_arm.lua, callback.lua, the token's form
 """

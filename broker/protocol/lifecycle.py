@@ -161,6 +161,6 @@ def dead_letter_raw_call(
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
-        "dead_letter_raw", [stream, ck.dlq],
+        "dead_letter_raw", [stream, ck.dlq, ck.stats],
         [group, entry_id, reason, error, codec.dumps(raw), capability],
     )
