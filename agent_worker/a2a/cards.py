@@ -19,11 +19,12 @@ from a2a.client.errors import AgentCardResolutionError
 from a2a.types import AgentCard, AgentSkill
 from google.protobuf.json_format import MessageToDict
 
+from broker.codec import whole_numbers
 from broker.errors import ConfigError
 from broker.ids import CAPABILITY_RE
 from broker.models import CapabilityDescription
 
-SKILL_SCHEMAS_URI = "https://agent-reach.dev/a2a/skill-schemas/v1"
+SKILL_SCHEMAS_URI = "urn:agent-reach:a2a:skill-schemas:v1"
 """The card extension whose params map skill ids to {input_schema, output_schema}."""
 _NOT_NAME = re.compile(r"[^a-z0-9_.-]+")
 
@@ -92,7 +93,7 @@ def skill_description(card: AgentCard, skill_id: str) -> CapabilityDescription:
 def _skill_schemas(card: AgentCard) -> dict[str, dict[str, Any]]:
     for extension in card.capabilities.extensions:
         if extension.uri == SKILL_SCHEMAS_URI:
-            params = MessageToDict(extension.params)
+            params = whole_numbers(MessageToDict(extension.params))
             return {k: v for k, v in params.items() if isinstance(v, dict)}
     return {}
 

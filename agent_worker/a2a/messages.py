@@ -66,7 +66,8 @@ def progress_of(message: Message) -> tuple[float | None, dict[str, Any]]:
             if isinstance(data, dict):
                 fraction = data.get("progress")
                 extra = {k: v for k, v in data.items() if k not in ("progress", "message")}
-                if isinstance(fraction, int | float) and not isinstance(fraction, bool) and 0 <= fraction <= 1:
+                if isinstance(fraction, int | float) and not isinstance(fraction, bool) \
+                        and 0 <= fraction <= 1:
                     return float(fraction), extra
                 return None, extra
     return None, {}
