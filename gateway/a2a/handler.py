@@ -81,7 +81,8 @@ class ReachRequestHandler(RequestHandler):
     async def on_message_send_stream(self, params: SendMessageRequest, context: ServerCallContext
                                      ) -> AsyncGenerator[Event]:
         task_id = await self._submit(params, context)
-        snapshot = await self.snapshots.read(task_id)
+        # (as of its first event, whatever happened since: the stream tells the whole story)
+        snapshot = await self.snapshots.read(task_id, upto=1)
         if snapshot is None:
             raise TaskNotFoundError(f"task {task_id} expired")
         yield apply_history_length(snapshot.task, params.configuration)

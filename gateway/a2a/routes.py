@@ -13,6 +13,7 @@ Reads need a reader key; sending and canceling a producer key.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from a2a.server.context import ServerCallContext
@@ -105,4 +106,5 @@ async def _secured(gw: GatewayState) -> bool:
     mode = gw.auth.mode
     if mode is AuthMode.OFF:
         return False
-    return mode is AuthMode.REQUIRED or bool(await gw.auth.cache.keys())
+    # (read afresh: a key made a moment ago must show on the card)
+    return mode is AuthMode.REQUIRED or bool(await gw.auth.cache.keys(newer_than=time.monotonic()))
