@@ -88,7 +88,8 @@ def reach_seqs(stack: Stack, task_id: str) -> list[int]:
 
 # -- cards ----------------------------------------------------------------------------------
 
-async def test_the_fleet_card_lists_every_live_capability_as_a_skill(stack: Stack, http: httpx.AsyncClient) -> None:
+async def test_the_fleet_card_lists_every_live_capability_as_a_skill(stack: Stack,
+                                                                    http: httpx.AsyncClient) -> None:
     card = (await http.get(f"{stack.url}/.well-known/agent-card.json")).json()
     skills = {s["id"]: s for s in card["skills"]}
     assert {LONG, ECHO} <= set(skills)
@@ -136,7 +137,8 @@ async def test_a_stream_has_the_task_then_a_status_update_per_event_then_the_res
     assert kinds[0] == "task" and kinds[-2:] == ["artifact_update", "status_update"]
     assert events[0].task.status.state == TaskState.TASK_STATE_SUBMITTED
     updates = [e.status_update for e in events if e.HasField("status_update")]
-    assert [u.status.state for u in updates] == [TaskState.TASK_STATE_WORKING] * 4 + [TaskState.TASK_STATE_COMPLETED]
+    working, completed = TaskState.TASK_STATE_WORKING, TaskState.TASK_STATE_COMPLETED
+    assert [u.status.state for u in updates] == [working] * 4 + [completed]
     assert [u.status.message.parts[0].text for u in updates[1:4]] == [f"step {i} of 3" for i in (1, 2, 3)]
     progress = whole_numbers(MessageToDict(updates[1].status.message.parts[1].data))
     assert progress == {"progress": 0.25, "message": "step 1 of 3", "step": 1}
@@ -160,7 +162,8 @@ async def test_the_http_json_binding_sends_and_reads(stack: Stack, http: httpx.A
 
 @pytest.mark.parametrize(("payload", "state", "text"), [
     ({"fail": "disk on fire"}, TaskState.TASK_STATE_FAILED, "failure: RuntimeError: disk on fire"),
-    ({"invalid": "no such city"}, TaskState.TASK_STATE_REJECTED, "invalid_request: InvalidRequest: no such city"),
+    ({"invalid": "no such city"}, TaskState.TASK_STATE_REJECTED,
+     "invalid_request: InvalidRequest: no such city"),
 ])
 async def test_a_failed_task_fails_and_an_invalid_request_is_rejected(
         stack: Stack, http: httpx.AsyncClient, payload: dict[str, Any], state: int, text: str) -> None:
@@ -180,14 +183,16 @@ async def test_get_and_list_tasks_by_context_state_and_page(stack: Stack, http: 
     for i in range(5):
         payload = {"echo": str(i)} if i != 2 else {"fail": "no"}
         request = SendMessageRequest(message=data_message(payload, context_id=context_id))
-        ids.append([e async for e in client.send_message(request)][0].task.id)
+        events = [e async for e in client.send_message(request)]
+        ids.append(events[0].task.id)
     listed = await client.list_tasks(ListTasksRequest(context_id=context_id, page_size=2))
     assert [t.id for t in listed.tasks] == ids[::-1][:2] and listed.total_size == 5
     assert not listed.tasks[0].artifacts  # (include_artifacts not asked)
-    rest = await client.list_tasks(ListTasksRequest(context_id=context_id, page_size=10,
-                                                    page_token=listed.next_page_token, include_artifacts=True))
+    rest = await client.list_tasks(ListTasksRequest(
+        context_id=context_id, page_size=10, page_token=listed.next_page_token, include_artifacts=True))
     assert [t.id for t in rest.tasks] == ids[::-1][2:] and rest.next_page_token == ""
-    failed = await client.list_tasks(ListTasksRequest(context_id=context_id, status=TaskState.TASK_STATE_FAILED))
+    failed = await client.list_tasks(ListTasksRequest(context_id=context_id,
+                                                      status=TaskState.TASK_STATE_FAILED))
     assert [t.id for t in failed.tasks] == [ids[2]] and failed.total_size == 1
     with pytest.raises(TaskNotFoundError):
         await client.get_task(GetTaskRequest(id=f"{LONG}:01JB0000000000000000000000"))
@@ -205,7 +210,8 @@ async def test_cancel_stops_a_running_task(stack: Stack, http: httpx.AsyncClient
     task_id = ""
     async for event in stream:
         task_id = task_id or event.task.id
-        if event.HasField("status_update") and event.status_update.status.message.parts[0].text.startswith("step"):
+        text = event.status_update.status.message.parts[0].text if event.HasField("status_update") else ""
+        if text.startswith("step"):
             break  # (it runs)
     await stream.aclose()
     canceled = await client.cancel_task(CancelTaskRequest(id=task_id))
@@ -276,8 +282,8 @@ async def test_bad_messages_get_the_protocols_errors_and_enqueue_nothing(stack: 
     cases: list[tuple[Client, SendMessageRequest, type[Exception], str]] = [
         (one, SendMessageRequest(message=empty), InvalidParamsError, "no parts"),
         (one, SendMessageRequest(message=file_only), ContentTypeNotSupportedError, "no data or text part"),
-        (one, SendMessageRequest(message=data_message({"steps": "many"})), InvalidParamsError, "input schema"),
-        (one, SendMessageRequest(message=data_message({"colour": "red"})), InvalidParamsError, "input schema"),
+        (one, SendMessageRequest(message=data_message({"steps": "many"})), InvalidParamsError, "schema"),
+        (one, SendMessageRequest(message=data_message({"colour": "red"})), InvalidParamsError, "schema"),
         (fleet, SendMessageRequest(message=data_message({})), InvalidParamsError, "name the skill"),
         (fleet, SendMessageRequest(message=data_message({}), metadata=_struct({"skill": "nosuch"})),
          InvalidParamsError, "unknown skill 'nosuch'"),
@@ -320,8 +326,9 @@ async def test_keys_guard_a2a_and_the_card_says_so(stack: Stack, http: httpx.Asy
         revoke_key(redis, stack.settings, producer_record.id)
         revoke_key(redis, stack.settings, reader_record.id)
         redis.close()
-        wait_until(lambda: "securitySchemes" not in httpx.get(f"{stack.url}/.well-known/agent-card.json").json(),
-                   10, message="the gateway to forget the keys")
+        card_url = f"{stack.url}/.well-known/agent-card.json"
+        wait_until(lambda: "securitySchemes" not in httpx.get(card_url).json(), 10,
+                   message="the gateway to forget the keys")
 
 
 def _struct(value: dict[str, Any]) -> Any:
