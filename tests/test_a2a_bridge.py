@@ -21,6 +21,7 @@ from broker.ops.catalog import capability_rows
 from broker.registry import AgentState
 from broker.settings import Settings
 from tests.conftest import FAST, Fleet, Proc, _delete_prefix, agent_state_of, sync_redis, wait_until
+from tests.gateway_helpers import start_gateway
 
 pytestmark = pytest.mark.one_redis
 
@@ -46,11 +47,13 @@ def free_port() -> int:
 
 
 class Bridged:
-    def __init__(self, settings: Settings, fleet: Fleet, streaming_url: str, polling_url: str) -> None:
+    def __init__(self, settings: Settings, fleet: Fleet, streaming_url: str, polling_url: str,
+                 gateway_url: str) -> None:
         self.settings = settings
         self.fleet = fleet
         self.streaming_url = streaming_url
         self.polling_url = polling_url
+        self.gateway_url = gateway_url
         self.client = ReachClient(settings)
 
     def canceled(self, url: str) -> list[str]:
@@ -68,7 +71,8 @@ def bridged(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterato
         _, polling = start_remote_agent(fleet, "--no-streaming")
         fleet.worker(extra_args=["--a2a", streaming], concurrency=4)
         fleet.worker("tally", extra_args=["--a2a", polling, "--skill", "count"], concurrency=4)
-        b = Bridged(settings, fleet, streaming, polling)
+        _, gateway = start_gateway(fleet)
+        b = Bridged(settings, fleet, streaming, polling, gateway)
         yield b
         b.client.close()
     except BaseException:
@@ -159,3 +163,24 @@ def test_not_ready_while_the_card_cannot_be_fetched(bridged: Bridged) -> None:
     start_remote_agent(bridged.fleet, "--port", str(port))
     bridged.fleet.wait_healthy(worker.agent_id, bridged.settings, worker)
     assert handle.result(timeout=20) == {"text": "WAIT FOR ME"}
+
+
+async def test_an_a2a_client_reaches_an_a2a_agent_through_reach_progress_and_all(bridged: Bridged) -> None:
+    """Both halves at once: the SDK's client -> Reach's gateway -> `reach-worker --a2a` -> an agent
+    built with the SDK's server; the agent's updates arrive as the client's status updates."""
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest, TaskState
+    from google.protobuf.json_format import MessageToDict, ParseDict
+    from google.protobuf.struct_pb2 import Value
+
+    value = Value()
+    ParseDict({"steps": 8, "step_ms": 100}, value)
+    message = Message(message_id=secrets.token_hex(8), role=Role.ROLE_USER, parts=[Part(data=value)])
+    async with httpx.AsyncClient(timeout=30) as http:
+        url = f"{bridged.gateway_url}/a2a/agents/count"
+        client = await create_client(url, ClientConfig(httpx_client=http))
+        events = [e async for e in client.send_message(SendMessageRequest(message=message))]
+    texts = [e.status_update.status.message.parts[0].text for e in events if e.HasField("status_update")]
+    assert [t for t in texts if t.startswith("counted")] == [f"counted {i}" for i in range(1, 9)]
+    assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
+    assert MessageToDict(events[-2].artifact_update.artifact.parts[0].data) == {"counted": 8.0}
