@@ -41,13 +41,13 @@ class Stack:
 
 @contextmanager
 def protocol_stack(redis_url: str, tmp: Path, gateways: int = 1, **overrides: Any) -> Iterator[Stack]:
-    """A dispatcher, a worker serving `longjob` and `echo`, and `gateways` gateways."""
+    """A dispatcher, a worker serving `longjob`, `echo` and `summarize`, and `gateways` gateways."""
     prefix = f"t{secrets.token_hex(4)}"
     settings = Settings.load(redis_url=redis_url, prefix=prefix, **{**FAST, **overrides})
     fleet = Fleet(settings, tmp)
     try:
         fleet.dispatcher()
-        fleet.worker(f"{LONG}={HANDLER}", ECHO, concurrency=8,
+        fleet.worker(f"{LONG}={HANDLER}", ECHO, "summarize", concurrency=8,
                      extra_args=["--describe", "echo=Answers its payload unchanged"])
         urls = [start_gateway(fleet)[1] for _ in range(gateways)]
         yield Stack(settings, fleet, urls)

@@ -6,6 +6,7 @@ come and go with the agents."""
 from __future__ import annotations
 
 import signal
+import subprocess
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,12 +19,13 @@ pytest.importorskip("mcp")
 import httpx2
 import mcp_types as types
 from mcp import Client, StdioServerParameters
+from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
 from gateway.apikeys import Role as KeyRole
 from gateway.apikeys import create_key, revoke_key
-from tests.conftest import settings_env, sync_redis, wait_until
+from tests.conftest import ROOT, settings_env, sync_redis, wait_until
 from tests.protocol_stack import ECHO, HANDLER, LONG, Stack, protocol_stack
 
 pytestmark = pytest.mark.one_redis
@@ -46,13 +48,15 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield s
 
 
-def stdio(stack: Stack) -> StdioServerParameters:
-    return StdioServerParameters(command=sys.executable, args=["-m", "reach_cli", "mcp"],
-                                 env=settings_env(stack.settings))
+def stdio(stack: Stack) -> Any:
+    """`reach mcp` over stdio, started by the client as MCP hosts do."""
+    return stdio_client(StdioServerParameters(command=sys.executable, args=["-m", "reach_cli", "mcp"],
+                                              env=settings_env(stack.settings)))
 
 
 def endpoints(stack: Stack) -> dict[str, Any]:
     return {"stdio": stdio(stack), "gateway": f"{stack.urls[0]}/mcp", "http": f"{stack.urls[1]}/mcp"}
+
 
 
 @pytest.fixture(params=["stdio", "gateway", "http"])
@@ -157,8 +161,8 @@ async def test_keys_guard_the_gateways_mcp(stack: Stack) -> None:
     reader, reader_record = create_key(redis, stack.settings, KeyRole.READER)
     url = f"{stack.urls[0]}/mcp"
     try:
-        status = httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code
-        assert status == 401
+        wait_until(lambda: httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code
+                   == 401, 10, message="the gateway to ask for a key")
         async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {reader}"}, timeout=30) as http, \
                 Client(streamable_http_client(url, http_client=http)) as client:
             assert LONG in {t.name for t in (await client.list_tools()).tools}
@@ -176,3 +180,14 @@ async def test_keys_guard_the_gateways_mcp(stack: Stack) -> None:
         redis.close()
         wait_until(lambda: httpx2.post(url, json={"jsonrpc": "2.0", "id": 1, "method": "ping"}).status_code
                    != 401, 10, message="the gateway to forget the keys")
+
+
+def test_the_example_reaches_summarize_through_mcp_and_a2a(stack: Stack) -> None:
+    script = ROOT / "examples" / "agent-protocols" / "summarize_client.py"
+    run = subprocess.run([sys.executable, str(script), stack.urls[0]], capture_output=True, text=True,
+                         timeout=60, env=settings_env(stack.settings))
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert any(line.startswith("MCP -> Agent-Reach makes every agent") for line in lines), run.stdout
+    assert any(line.startswith("A2A -> Agent-Reach makes every agent") for line in lines), run.stdout
+    assert "  mcp: scored sentences" in lines and "  a2a: scored sentences" in lines

@@ -15,7 +15,6 @@ import collections
 import contextlib
 import json
 import logging
-from collections.abc import Mapping
 from typing import Any
 
 import anyio
@@ -71,22 +70,15 @@ class ReachMcp:
                                   instructions="Every tool is an agent of a Reach fleet: a call runs a task "
                                                "on it (queued, routed, retried) and answers its result.",
                                   on_list_tools=self.list_tools, on_call_tool=self.call_tool,
-                                  on_subscriptions_listen=ListenHandler(self.bus),
-                                  get_tool_input_schema=self._schema_of)
+                                  on_subscriptions_listen=ListenHandler(self.bus))
         self.server.middleware.append(self._track_sessions)
-        self._rows: dict[str, CapabilityRow] = {}
 
     # -- tools ------------------------------------------------------------------------------
 
     async def list_tools(self, ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
                          ) -> types.ListToolsResult:
         rows = await self.capabilities.live()
-        self._rows = {r.capability: r for r in rows}
         return types.ListToolsResult(tools=[tools.tool(r) for r in rows])
-
-    def _schema_of(self, name: str) -> Mapping[str, Any] | None:
-        row = self._rows.get(name)
-        return tools.input_schema(row)[0] if row is not None else None
 
     async def call_tool(self, ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
                         ) -> types.CallToolResult:
