@@ -346,3 +346,15 @@ def test_no_path_of_the_a2a_app_shadows_the_rest_of_the_gateway(stack: Stack, tm
     assert {LONG, ECHO} <= {row["capability"] for row in reply.json()}
     described = {row["capability"]: row for row in reply.json()}
     assert described[ECHO]["description"] == "Answers its payload unchanged"
+
+
+def test_the_readmes_curl_works_without_the_sdk(stack: Stack) -> None:
+    """Plain JSON-RPC over HTTP, as README.md shows it with curl."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": {"message": {
+        "messageId": "m1", "role": "ROLE_USER",
+        "parts": [{"data": {"text": "One. Two. Three.", "max_sentences": 1}}]}}}
+    reply = httpx.post(f"{stack.url}/a2a/agents/summarize", json=body, headers={"A2A-Version": "1.0"},
+                       timeout=30).json()
+    task = reply["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_COMPLETED"
+    assert task["artifacts"][0]["parts"][0]["data"]["summary"] in ("One.", "Two.", "Three.")
