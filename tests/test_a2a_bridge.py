@@ -184,3 +184,45 @@ async def test_an_a2a_client_reaches_an_a2a_agent_through_reach_progress_and_all
     assert [t for t in texts if t.startswith("counted")] == [f"counted {i}" for i in range(1, 9)]
     assert events[-1].status_update.status.state == TaskState.TASK_STATE_COMPLETED
     assert MessageToDict(events[-2].artifact_update.artifact.parts[0].data) == {"counted": 8.0}
+
+
+@pytest.mark.soak
+async def test_the_issues_thirty_second_task_through_a2a_and_mcp_at_once(bridged: Bridged) -> None:
+    """The issue's long task as it says it (30 s, a progress update a second), through both
+    protocols at once: A2A client -> gateway -> `reach-worker --a2a` -> the SDK's agent, and an
+    MCP client -> the gateway's /mcp -> the same. (A soak test: `pytest -m soak`.)"""
+    import asyncio
+
+    from a2a.client import ClientConfig, create_client
+    from a2a.types import Message, Part, Role, SendMessageRequest
+    from google.protobuf.json_format import ParseDict
+    from google.protobuf.struct_pb2 import Value
+    from mcp import Client
+
+    job = {"steps": 30, "step_ms": 1000}
+
+    async def through_a2a() -> list[str]:
+        value = Value()
+        ParseDict(job, value)
+        message = Message(message_id=secrets.token_hex(8), role=Role.ROLE_USER, parts=[Part(data=value)])
+        async with httpx.AsyncClient(timeout=60) as http:
+            url = f"{bridged.gateway_url}/a2a/agents/count"
+            agent = await create_client(url, ClientConfig(httpx_client=http))
+            events = [e async for e in agent.send_message(SendMessageRequest(message=message))]
+        return [e.status_update.status.message.parts[0].text for e in events if e.HasField("status_update")]
+
+    async def through_mcp() -> list[str | None]:
+        notes: list[str | None] = []
+
+        async def progress(done: float, total: float | None, note: str | None) -> None:
+            notes.append(note)
+
+        async with Client(f"{bridged.gateway_url}/mcp", read_timeout_seconds=90) as client:
+            result = await client.call_tool("count", job, progress_callback=progress)
+        assert result.structured_content == {"counted": 30}
+        return notes
+
+    a2a_texts, mcp_notes = await asyncio.gather(through_a2a(), through_mcp())
+    counted = [f"counted {i}" for i in range(1, 31)]
+    assert [t for t in a2a_texts if t.startswith("counted")] == counted
+    assert mcp_notes == counted

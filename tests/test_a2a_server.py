@@ -4,9 +4,11 @@ cancel, resubscribe across gateway processes, failures, bad input and API keys."
 
 from __future__ import annotations
 
+import json
 import secrets
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -43,7 +45,7 @@ from broker import ReachClient
 from broker.codec import whole_numbers
 from gateway.apikeys import Role as KeyRole
 from gateway.apikeys import create_key, revoke_key
-from tests.conftest import sync_redis, wait_until
+from tests.conftest import settings_env, sync_redis, wait_until
 from tests.protocol_stack import ECHO, LONG, Stack, protocol_stack
 
 pytestmark = pytest.mark.one_redis
@@ -339,13 +341,17 @@ def _struct(value: dict[str, Any]) -> Any:
     return struct
 
 
-def test_no_path_of_the_a2a_app_shadows_the_rest_of_the_gateway(stack: Stack, tmp_path: Path) -> None:
-    """The HTTP+JSON routes mount a `/{tenant}` catch-all: confined under /a2a, /v1 still answers."""
+def test_no_path_of_the_a2a_app_shadows_the_rest_of_the_gateway(stack: Stack) -> None:
+    """The HTTP+JSON routes mount a `/{tenant}` catch-all: confined under /a2a, /v1 still answers,
+    and says what `reach capabilities --json` says."""
     reply = httpx.get(f"{stack.url}/v1/capabilities", timeout=10)
     assert reply.status_code == 200
-    assert {LONG, ECHO} <= {row["capability"] for row in reply.json()}
     described = {row["capability"]: row for row in reply.json()}
     assert described[ECHO]["description"] == "Answers its payload unchanged"
+    assert described[LONG]["input_schema"]["title"] == "LongJob"
+    cli = subprocess.run([sys.executable, "-m", "reach_cli", "capabilities", "--json"], capture_output=True,
+                         text=True, timeout=30, env=settings_env(stack.settings), check=True)
+    assert {row["capability"]: row for row in json.loads(cli.stdout)} == described
 
 
 def test_the_readmes_curl_works_without_the_sdk(stack: Stack) -> None:

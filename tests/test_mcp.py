@@ -191,3 +191,15 @@ def test_the_example_reaches_summarize_through_mcp_and_a2a(stack: Stack) -> None
     assert any(line.startswith("MCP -> Agent-Reach makes every agent") for line in lines), run.stdout
     assert any(line.startswith("A2A -> Agent-Reach makes every agent") for line in lines), run.stdout
     assert "  mcp: scored sentences" in lines and "  a2a: scored sentences" in lines
+
+
+def test_a_loopback_mcp_refuses_a_foreign_host_or_origin(stack: Stack) -> None:
+    """No key is needed on loopback until one is made, so a web page must not reach the tools
+    through DNS rebinding: only local Host and Origin headers pass."""
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}}
+    accept = {"Accept": "application/json, text/event-stream"}
+    assert httpx2.post(f"{stack.urls[0]}/mcp", json=initialize, headers=accept).status_code == 200
+    for foreign in ({"Host": "attacker.example"}, {"Origin": "http://attacker.example"}):
+        reply = httpx2.post(f"{stack.urls[0]}/mcp", json=initialize, headers={**accept, **foreign})
+        assert reply.status_code in (400, 403, 421), reply.text

@@ -98,6 +98,7 @@ class A2aAgent:
         streaming = card.capabilities.streaming
         request = SendMessageRequest(message=request_message(ctx, payload, self.options.skill),
                                      configuration=SendMessageConfiguration(return_immediately=not streaming))
+        request.metadata.update({"skill": self.options.skill})  # (where some agents read it)
         remote = _Remote()
         try:
             return await self._run(client, call, request, ctx, remote)

@@ -12,7 +12,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp, Streamable
 from mcp.server.transport_security import TransportSecuritySettings
 from starlette.routing import BaseRoute, Route
 
-from gateway.apikeys import Role
+from gateway.apikeys import AuthMode, Role
 from gateway.guard import Guard, jsonrpc_methods
 from gateway.jsonbody import DEFAULT_BODY_LIMIT
 from gateway.mcp.server import ReachMcp
@@ -31,10 +31,7 @@ class McpMount:
 
     def __init__(self, gw: GatewayState) -> None:
         self.mcp = ReachMcp(gw)
-        # (the gateway's API keys guard it; which Host headers it accepts is the gateway's own concern)
-        self.manager = StreamableHTTPSessionManager(
-            app=self.mcp.server,
-            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        self.manager = StreamableHTTPSessionManager(app=self.mcp.server, security_settings=_security(gw))
         limit = gw.settings.max_payload_bytes + DEFAULT_BODY_LIMIT
         self.routes: list[BaseRoute] = [
             Route(PATH, Guard(StreamableHTTPASGIApp(self.manager), gw, mcp_role, limit),
@@ -50,6 +47,18 @@ class McpMount:
                 watcher.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watcher
+
+
+def _security(gw: GatewayState) -> TransportSecuritySettings:
+    """On a loopback address (where keys may be absent) only local Host and Origin headers are
+    accepted, so that a web page cannot reach the tools through DNS rebinding; elsewhere the API
+    keys guard the endpoint."""
+    if gw.auth.mode is not AuthMode.AUTO:
+        return TransportSecuritySettings(enable_dns_rebinding_protection=False)
+    hosts = ["127.0.0.1", "localhost", "[::1]"]
+    return TransportSecuritySettings(enable_dns_rebinding_protection=True,
+                                     allowed_hosts=[f"{h}:*" for h in hosts],
+                                     allowed_origins=[f"http://{h}:*" for h in hosts])
 
 
 def mcp_app(gw: GatewayState) -> McpMount:
