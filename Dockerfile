@@ -8,6 +8,6 @@ COPY dlq_tools ./dlq_tools
 COPY reach_cli ./reach_cli
 COPY gateway ./gateway
 COPY config ./config
-RUN pip install --no-cache-dir .
+RUN pip install --no-cache-dir '.[a2a,mcp]'
 ENV REACH_CONFIG=/app/config/reach.toml
 CMD ["reach", "--help"]

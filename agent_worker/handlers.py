@@ -6,8 +6,11 @@ with a pydantic model, the payload is validated into it first; a validation erro
 `invalid_request`.
 
 Where a capability's handler comes from, first match wins:
-`--capability name=pkg.mod:func` > `--handler` > `--http URL` > the config file's
-`[capabilities.<name>]` table > a built-in agent of that name.
+`--capability name=pkg.mod:func` > `--handler` > `--http URL` > `--a2a URL` > the config
+file's `[capabilities.<name>]` table > a built-in agent of that name.
+
+Each binding carries the capability's description (agent_worker/describe.py): derived from the
+handler, overridden by the config file's table and then by `--describe`.
 """
 
 from __future__ import annotations
@@ -16,17 +19,20 @@ import importlib
 import inspect
 import typing
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
+from agent_worker import describe
 from agent_worker.builtin import BUILTIN_HANDLERS
 from broker.errors import ConfigError
 from broker.ids import check_capability
+from broker.models import CapabilityDescription
 from broker.settings import Settings
 
 if TYPE_CHECKING:
+    from agent_worker.a2a import A2aAgent
     from agent_worker.http_bridge.options import BridgeOptions
 
 Handler = Callable[..., Any]
@@ -43,6 +49,7 @@ class Binding:
     payload_model: type[BaseModel] | None
     timeout_ms: int
     retry_failures: bool
+    description: CapabilityDescription = field(default_factory=CapabilityDescription)
 
     def parse_payload(self, payload: Any) -> Any:
         if self.payload_model is None:
@@ -89,13 +96,19 @@ def _is_async(handler: Handler) -> bool:
 
 
 def make_binding(settings: Settings, capability: str, spec: str | None = None, http: str | None = None,
-                 source: str = "", http_options: BridgeOptions | None = None) -> Binding:
-    """`http_options`: the worker's BridgeOptions for HTTP agents (agent_worker/http_bridge)."""
+                 source: str = "", http_options: BridgeOptions | None = None,
+                 a2a: A2aAgent | None = None) -> Binding:
+    """`http_options`: the worker's BridgeOptions for HTTP agents (agent_worker/http_bridge);
+    `a2a`: the A2A agent serving it (agent_worker/a2a)."""
     config = settings.capability(capability)
-    if spec is None and http is None:
+    if spec is None and http is None and a2a is None:
         spec, http = config.handler, config.http
         source = "config file"
-        if spec is None and http is None:
+        if config.a2a is not None and spec is None and http is None:
+            from agent_worker.a2a import A2aAgent, A2aOptions
+
+            a2a = A2aAgent(A2aOptions.build(config.a2a, config.skill or capability))
+        if spec is None and http is None and a2a is None:
             spec = BUILTIN_HANDLERS.get(capability)
             source = "built-in"
     if http is not None:
@@ -103,6 +116,9 @@ def make_binding(settings: Settings, capability: str, spec: str | None = None, h
 
         handler: Handler = HttpAgent(http, http_options)
         source = source or "http"
+    elif a2a is not None:
+        handler = a2a
+        source = f"a2a {a2a.options.url} skill {a2a.options.skill}"
     elif spec is not None:
         handler = load_handler(spec)
         source = source or spec
@@ -120,14 +136,26 @@ def make_binding(settings: Settings, capability: str, spec: str | None = None, h
         payload_model=payload_model_of(handler),
         timeout_ms=settings.timeout_ms_for(capability),
         retry_failures=config.retry_failures,
+        description=describe.derived(handler).merged(describe.from_config(config)),
     )
 
 
 def resolve_bindings(settings: Settings, capabilities: list[str], handler: str | None = None,
-                     http: str | None = None, http_options: BridgeOptions | None = None) -> list[Binding]:
-    """Bindings for `--capability` values (`name` or `name=pkg.mod:func`)."""
+                     http: str | None = None, http_options: BridgeOptions | None = None,
+                     a2a: dict[str, A2aAgent] | None = None, describes: list[str] | None = None
+                     ) -> list[Binding]:
+    """Bindings for `--capability` values (`name` or `name=pkg.mod:func`); `a2a` maps
+    capabilities to the A2A agent serving each; `describes` are `--describe` values."""
     if not capabilities:
         raise ConfigError("give at least one --capability")
+    bindings = _bindings(settings, capabilities, handler, http, http_options, a2a or {})
+    given = describe.parse_describe(describes or [], [b.capability for b in bindings])
+    return [replace(b, description=b.description.merged(given[b.capability])) if b.capability in given
+            else b for b in bindings]
+
+
+def _bindings(settings: Settings, capabilities: list[str], handler: str | None, http: str | None,
+              http_options: BridgeOptions | None, a2a: dict[str, A2aAgent]) -> list[Binding]:
     out: dict[str, Binding] = {}
     for item in capabilities:
         name, sep, spec = item.partition("=")
@@ -142,6 +170,8 @@ def resolve_bindings(settings: Settings, capabilities: list[str], handler: str |
             out[name] = make_binding(settings, name, spec=handler, source=handler)
         elif http is not None:
             out[name] = make_binding(settings, name, http=http, source=http, http_options=http_options)
+        elif name in a2a:
+            out[name] = make_binding(settings, name, a2a=a2a[name])
         else:
             out[name] = make_binding(settings, name, http_options=http_options)
     return list(out.values())

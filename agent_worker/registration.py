@@ -44,12 +44,13 @@ def new_token() -> tuple[str, str]:
 
 
 async def register(settings: Settings, client: AsyncRedis, scripts: AsyncScripts,
-                   descriptor: AgentDescriptor) -> str:
-    """Register (idempotent upsert) and bind every capability; returns the new token."""
+                   descriptor: AgentDescriptor, described: str = "") -> str:
+    """Register (idempotent upsert) and bind every capability; returns the new token.
+    `described`: the capabilities' descriptions (JSON, see broker/models.py)."""
     token, sha = new_token()
     await scripts(register_call(
         settings, descriptor.agent_id, sha, descriptor.model_dump_json(),
-        round(descriptor.warmup_s * 1000), descriptor.capabilities,
+        round(descriptor.warmup_s * 1000), descriptor.capabilities, described,
     ))
     for capability in descriptor.capabilities:
         await scripts(bind_call(settings, capability, descriptor.agent_id, sha))

@@ -28,9 +28,11 @@ log = logging.getLogger("reach.worker")
 
 class AgentSession:
     def __init__(self, settings: Settings, descriptor: AgentDescriptor, redis: AsyncRedis,
-                 scripts: AsyncScripts, stats: Callable[[], dict[str, Any]]) -> None:
+                 scripts: AsyncScripts, stats: Callable[[], dict[str, Any]], described: str = "") -> None:
         self.settings = settings
         self.descriptor = descriptor
+        self.described = described
+        """Its capabilities' descriptions, registered with it (JSON; '' for none)."""
         self.agent_id = descriptor.agent_id
         self.redis = redis
         self.scripts = scripts
@@ -68,7 +70,8 @@ class AgentSession:
                 continue  # (refused more than once; registered again since the first)
             async with self.binding:
                 self.token = await outages.with_reconnect(
-                    lambda: register(self.settings, self.redis, self.scripts, self.descriptor))
+                    lambda: register(self.settings, self.redis, self.scripts, self.descriptor,
+                                     self.described))
             if not self.registered.is_set():
                 self.registered.set()
                 self.heartbeat.start()  # its first beat goes out at once

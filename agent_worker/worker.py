@@ -25,6 +25,7 @@ import re
 import secrets
 import signal
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -33,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from agent_worker import control
 from agent_worker.attempt import STOP_WAIT_S, Running
 from agent_worker.attempts import Attempts
+from agent_worker.describe import registered
 from agent_worker.handlers import Binding
 from agent_worker.metrics import WorkerMetrics, WorkerView
 from agent_worker.policies import WorkerPolicy
@@ -53,6 +55,7 @@ from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
 if TYPE_CHECKING:
+    from agent_worker.a2a import A2aBridge
     from agent_worker.http_bridge import HttpBridge
 
 log = logging.getLogger("reach.worker")
@@ -119,7 +122,8 @@ class Worker:
                         if self._metrics_address is not None else None)
         self.redis = connection.async_client(settings)
         scripts = AsyncScripts(self.redis)
-        self.session = AgentSession(settings, self.descriptor, self.redis, scripts, self.heartbeat_stats)
+        self.session = AgentSession(settings, self.descriptor, self.redis, scripts, self.heartbeat_stats,
+                                    registered({c: b.description for c, b in self.bindings.items()}))
         self.slots = Slots(concurrency)
         self.running = Running()
         recover = set(self.bindings)
@@ -137,6 +141,7 @@ class Worker:
                                self.running, recover, self.attempts.start)
         self.renewer = Renewer(settings, self.session, scripts, self.running)
         self.bridge = self._http_bridge(scripts)
+        self.a2a = self._a2a_bridge(scripts)
         self._stop = asyncio.Event()
         self._signals = 0
         self._exit_code = 0
@@ -154,6 +159,20 @@ class Worker:
         link = WorkerLink(self.settings, self.redis, scripts, self.agent_id, self.running, self.slots,
                           self.session.heartbeat.beat_now, self._release_unread)
         return HttpBridge(link, agents)
+
+    def _a2a_bridge(self, scripts: AsyncScripts) -> A2aBridge | None:
+        """What the A2A agents among the handlers share (agent_worker/a2a), if any."""
+        if "agent_worker.a2a" not in sys.modules:
+            return None  # (no binding made an A2aAgent: a2a-sdk need not be installed)
+        from agent_worker.a2a import A2aAgent, A2aBridge
+        from agent_worker.http_bridge import WorkerLink
+
+        agents = [b.handler for b in self.bindings.values() if isinstance(b.handler, A2aAgent)]
+        if not agents:
+            return None
+        link = WorkerLink(self.settings, self.redis, scripts, self.agent_id, self.running, self.slots,
+                          self.session.heartbeat.beat_now, self._release_unread)
+        return A2aBridge(link, agents)
 
     async def _release_unread(self) -> int:
         released = 0
@@ -189,6 +208,7 @@ class Worker:
                                          self.agent_id, self.running,
                                          self.bridge.on_control if self.bridge else None),
             **(self.bridge.jobs() if self.bridge else {}),
+            **(self.a2a.jobs() if self.a2a else {}),
         }
         helpers = [asyncio.create_task(supervised(job, name), name=name) for name, job in jobs.items()]
         log.info("agent %s ready (concurrency %d)", self.agent_id, self.concurrency)
@@ -202,6 +222,8 @@ class Worker:
         self.session.heartbeat.stop()
         if self.bridge is not None:
             await self.bridge.aclose()
+        if self.a2a is not None:
+            await self.a2a.aclose()
         self._threads.shutdown(wait=False, cancel_futures=True)
         with contextlib.suppress(*outages.TRANSIENT_ERRORS, TimeoutError):
             await asyncio.wait_for(self.redis.aclose(), 5.0)
@@ -350,4 +372,5 @@ class Worker:
             "rss_growth_kb": rss - self._rss_start_kb if rss and self._rss_start_kb else None,
             "draining": self.slots.closed,
             **(self.bridge.heartbeat_stats() if self.bridge else {}),
+            **(self.a2a.heartbeat_stats() if self.a2a else {}),
         }

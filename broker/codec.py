@@ -176,3 +176,18 @@ def loads(text: str | bytes) -> Any:
     if not isinstance(text, str):
         text = text.decode("utf-8")  # (as json.loads does; its UTF-16/32 sniffing is not needed)
     return _DECODER.decode(text)
+
+
+_EXACT_INT = 2**53
+
+
+def whole_numbers(value: Any) -> Any:
+    """`value` with every float that has no fraction (within 2**53) made an int: protobuf's
+    Struct (A2A's data parts) carries every JSON number as a double, so 3 arrives as 3.0."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) <= _EXACT_INT else value
+    if isinstance(value, dict):
+        return {k: whole_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [whole_numbers(v) for v in value]
+    return value

@@ -38,6 +38,8 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:policy, :policy:history | the fleet's policy (9), its changes | policy scripts | never |
 | P:{_registry}:schedules, :fires | periodic schedules (JSON); last fire time | schedules | removed |
 | P:{_registry}:apikeys | hash sha256 of an API key -> its record (JSON) | `reach keys` | revoked |
+| P:{_a2a}:tasks | zset task id -> created ms: tasks submitted over A2A (11) | gateway | trimmed |
+| P:{_a2a}:context:{id} | zset task id -> created ms: one A2A context's tasks | gateway | result_ttl |
 
 (1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
 (2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
@@ -81,6 +83,10 @@ cannot start with '_', so the two never collide).
 (10) An HTTP agent that answers 202 may post the attempt's outcome to the gateway later
     (lua/callback_arm.lua, lua/callback.lua): `t:<fence>` is the sha256 of that attempt's
     callback token, `o:<fence>` the outcome the gateway took.
+(11) What A2A's ListTasks reads (gateway/a2a/index.py): the newest tasks, entries older than
+    result_ttl trimmed; a task whose record expired is skipped when read.
+An agent's registry hash also holds `described`: the JSON of its capabilities' descriptions
+(broker/models.py CapabilityDescription), written by register.lua; dispatchers never parse it.
 """
 
 from __future__ import annotations
@@ -88,6 +94,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 REGISTRY_TAG = "_registry"
+A2A_TAG = "_a2a"
 DISPATCH_GROUP = "dispatch"
 """The consumer group of every intake stream (the dispatchers read it)."""
 AGENT_GROUP = "agents"
@@ -301,6 +308,24 @@ class RegistryKeys:
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class A2aKeys:
+    """The gateway's index of the tasks A2A clients submitted (for ListTasks)."""
+
+    prefix: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.prefix}:{{{A2A_TAG}}}"
+
+    @property
+    def tasks(self) -> str:
+        return f"{self.base}:tasks"
+
+    def context(self, context_id: str) -> str:
+        return f"{self.base}:context:{context_id}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,5 +211,54 @@ class AgentDescriptor(BaseModel):
     pid: int | None = None
 
 
+MAX_DESCRIPTION_BYTES = 65536
+"""Most JSON one capability's description may take (schemas included): the registry is read
+by every gateway that lists tools, so a description stays small."""
+
+
+class CapabilityDescription(BaseModel):
+    """What a capability does and takes, for people and for the agent protocols (an A2A skill,
+    an MCP tool): registered by the agents that serve it (`reach capabilities` lists them)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    description: str | None = Field(None, max_length=4000)
+    input_schema: dict[str, Any] | None = None
+    """The JSON Schema of the payload (a pydantic payload model's, or given)."""
+    output_schema: dict[str, Any] | None = None
+    """The JSON Schema of the result."""
+    examples: list[Any] = Field(default_factory=list, max_length=20)
+    """Example payloads."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.description or self.input_schema or self.output_schema or self.examples)
+
+    def merged(self, over: CapabilityDescription) -> CapabilityDescription:
+        """This description with every field `over` gives replaced."""
+        return self.model_copy(update=over.model_dump(exclude_defaults=True))
+
+
+def described_json(descriptions: dict[str, CapabilityDescription]) -> str:
+    """The registry's `described` field for these descriptions ('' when none says anything)."""
+    kept = {name: d.model_dump(exclude_defaults=True) for name, d in descriptions.items() if not d.empty}
+    return codec.dumps(kept) if kept else ""
+
+
+def parse_described(text: str | None) -> dict[str, CapabilityDescription]:
+    """The descriptions a registry record holds (those that do not parse are left out)."""
+    try:
+        raw = codec.loads(text) if text else {}
+    except (ValueError, RecursionError):
+        return {}
+    out: dict[str, CapabilityDescription] = {}
+    for name, value in (raw.items() if isinstance(raw, dict) else ()):
+        try:
+            out[str(name)] = CapabilityDescription.model_validate(value)
+        except ValueError:
+            continue
+    return out
+
+
 def _iso(value: datetime | None) -> str | None:
     return value.isoformat() if value else None

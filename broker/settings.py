@@ -38,6 +38,17 @@ class CapabilityConfig(BaseModel):
     """`pkg.module:function` that serves this capability in `reach-worker`."""
     http: str | None = None
     """URL of an HTTP agent that serves this capability (instead of a Python handler)."""
+    a2a: str | None = None
+    """URL of an A2A agent that serves this capability (its card's skill `skill`, or the one
+    named like the capability)."""
+    skill: str | None = None
+    description: str | None = None
+    """What the capability does (else the handler's docstring): registered with the agent."""
+    input_schema: dict[str, Any] | str | None = None
+    """The payload's JSON Schema, or the path of a JSON file holding it."""
+    output_schema: dict[str, Any] | str | None = None
+    examples: list[Any] | None = None
+    """Example payloads."""
     timeout_ms: int | None = Field(default=None, gt=0)
     max_attempts: int | None = Field(default=None, ge=1, le=100)
     retry_failures: bool = False

@@ -1,6 +1,7 @@
 """The gateway's ASGI app: the producer API (/v1), its OpenAPI schema (/openapi.json, docs at
-/docs), the HTTP agents' callbacks, and a health check. Later parts (the console at /console, the
-A2A and MCP endpoints) mount beside these on the same app."""
+/docs), the HTTP agents' callbacks, a health check, and the agent protocols (A2A at /a2a and
+/.well-known/agent-card.json, MCP at /mcp: gateway/protocols.py). The console mounts beside
+these on the same app."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.settings import Settings
-from gateway import errors
+from gateway import errors, protocols
 from gateway.api import callbacks, events, fleet, tasks
 from gateway.apikeys import AuthMode
 from gateway.state import GatewayState, state_of
@@ -24,7 +25,8 @@ API_VERSION = "1.0.0"
 def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        yield
+        async with protocols.lifespan(running):
+            yield
         await state_of(app).close()
 
     app = FastAPI(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
@@ -34,6 +36,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
     errors.install(app)
     for router in (tasks.router, tasks.batch_router, events.router, fleet.router, callbacks.router):
         app.include_router(router)
+    running = protocols.mount(app, app.state.gateway)
 
     @app.get("/healthz", tags=["health"], summary="Whether this gateway can reach Redis")
     async def healthz(request: Request) -> JSONResponse:

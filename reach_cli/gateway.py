@@ -1,7 +1,10 @@
-"""`reach serve` (the HTTP gateway) and `reach keys create|list|revoke` (its API keys)."""
+"""`reach serve` (the HTTP gateway), `reach mcp` (the MCP server alone) and
+`reach keys create|list|revoke` (the gateway's API keys)."""
 
 from __future__ import annotations
 
+import asyncio
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -12,6 +15,7 @@ from gateway.addresses import DEFAULT_ADDR
 from gateway.apikeys import create_key, list_keys, parse_role, revoke_key
 from reach_cli.common import (
     EXIT_RUNTIME,
+    EXIT_USAGE,
     ConfigOption,
     JsonOption,
     RedisUrlOption,
@@ -44,6 +48,45 @@ def serve(
     setup_logging(log_level)
     run_gateway(load_settings(config, redis_url), addr, insecure_no_auth=insecure_no_auth,
                 access_log=access_log, log_level=log_level.lower(), url_file=url_file)
+
+
+class Transport(StrEnum):
+    STDIO = "stdio"
+    HTTP = "http"
+
+
+MCP_ADDR = "127.0.0.1:8081"
+
+
+@cli_errors
+def mcp(
+    transport: Annotated[Transport, typer.Option(
+        help="stdio (what MCP hosts start) or http")] = Transport.STDIO,
+    addr: Annotated[str, typer.Option(
+        help="With --transport http: host:port (port 0: a free one)")] = MCP_ADDR,
+    insecure_no_auth: Annotated[bool, typer.Option(
+        "--insecure-no-auth", help="HTTP on a non-loopback address with no API key")] = False,
+    url_file: Annotated[Path | None, typer.Option(
+        help="With http: also write the URL it listens on here")] = None,
+    log_level: Annotated[str, typer.Option()] = "WARNING",
+    redis_url: RedisUrlOption = None,
+    config: ConfigOption = None,
+) -> None:
+    """Serve every live capability as an MCP tool (a call runs a task and answers its result).
+    The gateway (`reach serve`) serves the same at <URL>/mcp."""
+    from gateway.protocols import installed
+
+    if not installed("mcp"):
+        fail("reach mcp needs the mcp extra: pip install 'agent-reach[mcp]'", EXIT_USAGE)
+    from gateway.mcp.serve import serve_http, serve_stdio
+
+    setup_logging(log_level)  # (on stderr: over stdio, stdout is the protocol's)
+    settings = load_settings(config, redis_url)
+    if transport is Transport.STDIO:
+        asyncio.run(serve_stdio(settings))
+    else:
+        serve_http(settings, addr, insecure_no_auth=insecure_no_auth, log_level=log_level.lower(),
+                   url_file=url_file)
 
 
 @keys_app.command("create")

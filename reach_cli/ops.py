@@ -8,7 +8,8 @@ import typer
 from rich.table import Table
 
 from broker.ids import check_capability
-from broker.ops.overview import agent_rows, capability_rows, queue_rows
+from broker.ops.catalog import capability_rows
+from broker.ops.overview import agent_rows, queue_rows
 from reach_cli.common import (
     ConfigOption,
     JsonOption,
@@ -61,17 +62,22 @@ def capabilities(
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
-    """List capabilities (named by producers or served by agents) and how many agents serve them."""
+    """List capabilities (named by producers or served by agents): how many agents serve them, and
+    what each does (the description its agents registered; --json adds the schemas)."""
     settings = load_settings(config, redis_url)
     rows = read_redis(settings, lambda client: capability_rows(client, settings))
     if as_json:
         print_json([row.as_dict() for row in rows])
         return
     table = Table(title=f"Capabilities ({len(rows)})")
-    for column in ("capability", "agents", "healthy"):
+    for column in ("capability", "agents", "healthy", "input", "description"):
         table.add_column(column)
     for row in rows:
-        table.add_row(row.capability, str(row.agents), str(row.healthy_agents))
+        described = row.description
+        fields = ", ".join((described.input_schema or {}).get("properties", {})) or "-"
+        text = (described.description or "-").split("\n", 1)[0]
+        table.add_row(row.capability, str(row.agents), str(row.healthy_agents), fields,
+                      text if len(text) <= 80 else text[:77] + "...")
     console.print(table)
 
 

@@ -41,9 +41,9 @@ def parse_labels(items: list[str]) -> dict[str, str]:
 @app.command()
 @cli_errors
 def serve(
-    capability: Annotated[list[str], typer.Option(
+    capability: Annotated[list[str] | None, typer.Option(
         "--capability", "-c",
-        help="Capability to serve; repeat for several. 'name=pkg.mod:func' binds a handler to one.")],
+        help="Capability to serve; repeat for several. 'name=pkg.mod:func' binds a handler to one.")] = None,
     handler: Annotated[str | None, typer.Option(help="pkg.mod:func serving every --capability")] = None,
     http: Annotated[str | None, typer.Option(help="URL of an HTTP agent serving every --capability")] = None,
     http_header: Annotated[list[str] | None, typer.Option(
@@ -55,6 +55,16 @@ def serve(
         help="The gateway's URL, where HTTP agents that answer 202 post the outcome")] = None,
     http_poll_after: Annotated[float, typer.Option(
         min=0, help="Seconds an accepted task's callback is awaited before its status_url is polled")] = 5.0,
+    a2a: Annotated[str | None, typer.Option(
+        help="Base URL of an A2A agent: its card's skills become capabilities (or it serves "
+             "--capability)")] = None,
+    skill: Annotated[str | None, typer.Option(
+        help="With --a2a and one --capability: the card's skill that serves it (default: its name)")] = None,
+    a2a_header: Annotated[list[str] | None, typer.Option(
+        help="'Name: value' sent to the A2A agent (${VAR}: an environment variable); repeatable")] = None,
+    describe: Annotated[list[str] | None, typer.Option(
+        help="[CAP=]TEXT or [CAP=]@FILE.json (description, input_schema, output_schema, examples): "
+             "what a capability does, registered with the agent; repeatable")] = None,
     concurrency: Annotated[int, typer.Option(min=1, max=10000, help="Tasks run at once")] = 8,
     region: Annotated[str | None, typer.Option(help="Region/data locality label")] = None,
     version: Annotated[str | None, typer.Option(help="Agent version, for version routing")] = None,
@@ -70,11 +80,19 @@ def serve(
     """Serve capabilities: read tasks from this agent's inboxes, run them, report results."""
     settings = Settings.load(config, redis_url=redis_url, log_format=log_format, metrics_addr=metrics_addr)
     setup_logging(log_level, settings.log_format)
-    if handler and http:
-        fail("give --handler or --http, not both", EXIT_USAGE)
+    if sum(1 for given in (handler, http, a2a) if given) > 1:
+        fail("give one of --handler, --http and --a2a", EXIT_USAGE)
+    if skill is not None and a2a is None:
+        fail("--skill goes with --a2a", EXIT_USAGE)
     new_loop = eventloop.loop_factory()  # (a bad REACH_EVENT_LOOP fails before handlers load)
     bridge = BridgeOptions.build(http_header, http_ready, http_callback_url, http_poll_after)
-    bindings = resolve_bindings(settings, capability, handler=handler, http=http, http_options=bridge)
+    capabilities, a2a_agents = list(capability or []), None
+    if a2a is not None:
+        from agent_worker.a2a.startup import a2a_agents as read_agents
+
+        capabilities, a2a_agents = read_agents(a2a, capabilities, skill, a2a_header)
+    bindings = resolve_bindings(settings, capabilities, handler=handler, http=http, http_options=bridge,
+                                a2a=a2a_agents, describes=describe)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
     loop = new_loop()

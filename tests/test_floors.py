@@ -13,7 +13,8 @@ REQUIREMENT = re.compile(r"^(?P<name>[A-Za-z0-9_.-]+)(\[[^\]]*\])?>=(?P<floor>[0
 def declared_floors() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     floors = {}
-    for requirement in [*project["dependencies"], *project["optional-dependencies"]["test"]]:
+    extras = project["optional-dependencies"]
+    for requirement in [*project["dependencies"], *extras["test"], *extras["a2a"], *extras["mcp"]]:
         match = REQUIREMENT.match(requirement)
         assert match, f"{requirement!r} declares no floor (name>=version)"
         floors[match["name"].lower()] = match["floor"]

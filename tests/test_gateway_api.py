@@ -20,7 +20,8 @@ import httpx
 import pytest
 
 from broker.ops import policy
-from broker.ops.overview import agent_rows, capability_rows, queue_rows
+from broker.ops.catalog import capability_rows
+from broker.ops.overview import agent_rows, queue_rows
 from broker.scripts import Scripts
 from broker.settings import Settings
 from gateway.apikeys import Role, create_key, revoke_key

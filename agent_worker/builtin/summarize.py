@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from agent_worker.context import TaskContext
 from agent_worker.errors import InvalidRequest
@@ -36,8 +36,12 @@ _STOPWORDS = frozenset(
 
 
 class SummarizeRequest(BaseModel):
-    text: str
-    max_sentences: int = Field(3, ge=1, le=50)
+    model_config = ConfigDict(json_schema_extra={"examples": [
+        {"text": "Reach routes each task to the best agent. It retries what fails. "
+                 "What fails for good lands in a dead-letter stream.", "max_sentences": 1}]})
+
+    text: str = Field(description="The text to summarize")
+    max_sentences: int = Field(3, ge=1, le=50, description="Most sentences in the summary")
 
     @field_validator("text")
     @classmethod
@@ -75,7 +79,15 @@ def summarize(text: str, max_sentences: int = 3) -> list[str]:
     return [sentences[i] for _, i in best]
 
 
-async def handle(ctx: TaskContext, payload: SummarizeRequest) -> dict[str, object]:
+class SummarizeResult(BaseModel):
+    summary: str
+    sentences: list[str] = Field(description="The sentences chosen, in their order")
+    sentence_count: int = Field(description="Sentences in the whole text")
+    compression: float = Field(description="The summary's length over the text's")
+
+
+async def handle(ctx: TaskContext, payload: SummarizeRequest) -> SummarizeResult:
+    """Summarize a text: its most telling sentences, in their order (extractive, no model)."""
     if not isinstance(payload, SummarizeRequest):  # called directly, not through the worker
         payload = SummarizeRequest.model_validate(payload)
     sentences = split_sentences(payload.text)
@@ -85,9 +97,5 @@ async def handle(ctx: TaskContext, payload: SummarizeRequest) -> dict[str, objec
     chosen = summarize(payload.text, payload.max_sentences)
     await ctx.progress(0.9, "scored sentences")
     summary = " ".join(chosen)
-    return {
-        "summary": summary,
-        "sentences": chosen,
-        "sentence_count": len(sentences),
-        "compression": round(len(summary) / max(1, len(payload.text)), 3),
-    }
+    return SummarizeResult(summary=summary, sentences=chosen, sentence_count=len(sentences),
+                           compression=round(len(summary) / max(1, len(payload.text)), 3))

@@ -42,17 +42,18 @@ def expand(value: str, environ: dict[str, str] | None = None) -> str:
     return _VAR.sub(one, value)
 
 
-def parse_header(spec: str, environ: dict[str, str] | None = None) -> tuple[str, str]:
-    """`Name: value` (value expanded) as (name, value)."""
+def parse_header(spec: str, environ: dict[str, str] | None = None,
+                 flag: str = "--http-header") -> tuple[str, str]:
+    """`Name: value` (value expanded) as (name, value); `flag` names the option in errors."""
     name, sep, value = spec.partition(":")
     name = name.strip()
     if not sep or not _NAME.match(name):
-        raise ConfigError(f"--http-header must look like 'Name: value', got a header named {name[:40]!r}")
+        raise ConfigError(f"{flag} must look like 'Name: value', got a header named {name[:40]!r}")
     if name.lower().startswith(_RESERVED):
-        raise ConfigError(f"--http-header {name}: the bridge sets this header itself")
+        raise ConfigError(f"{flag} {name}: the bridge sets this header itself")
     value = expand(value.strip(), environ)
     if any(c in value for c in "\r\n\0"):
-        raise ConfigError(f"--http-header {name}: its value holds a line break")
+        raise ConfigError(f"{flag} {name}: its value holds a line break")
     return name, value
 
 

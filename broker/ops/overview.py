@@ -1,4 +1,5 @@
-"""What operators look at: every agent with its state and load, every capability's queues.
+"""What operators look at: every agent with its state and load, every capability's queues
+(and its agents and description: broker/ops/catalog.py).
 
 Read-only, with a synchronous client; `reach agents`, `reach queues` and the console use it.
 """
@@ -126,28 +127,6 @@ def agent_rows(client: SyncRedis, settings: Settings, capability: str | None = N
 
 def capabilities(client: SyncRedis, settings: Settings) -> list[str]:
     return sorted(str(name) for name in client.smembers(RegistryKeys(settings.prefix).capabilities))
-
-
-@dataclass
-class CapabilityRow:
-    capability: str
-    agents: int
-    healthy_agents: int
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def capability_rows(client: SyncRedis, settings: Settings) -> list[CapabilityRow]:
-    """Every capability a producer or an agent named, with how many agents serve it."""
-    now, records = _records(client, settings)
-    names = set(capabilities(client, settings)) | {c for r in records for c in r.capabilities}
-    rows = []
-    for name in sorted(names):
-        serving = [r for r in records if name in r.capabilities]
-        healthy = sum(1 for r in serving if agent_state(r, now, settings).value == "healthy")
-        rows.append(CapabilityRow(name, len(serving), healthy))
-    return rows
 
 
 def queue_rows(client: SyncRedis, settings: Settings, capability: str | None = None) -> list[QueueRow]:

@@ -15,13 +15,15 @@ from broker.settings import Settings
 
 def register_call(
     settings: Settings, agent_id: str, token_sha: str, descriptor_json: str, warmup_ms: int,
-    capabilities: Sequence[str],
+    capabilities: Sequence[str], described_json: str = "",
 ) -> ScriptCall:
+    """`described_json`: the capabilities' descriptions (broker/models.py described_json)."""
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "register",
         [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev, rk.served],
-        [agent_id, token_sha, descriptor_json, warmup_ms, wake_channel(settings), *capabilities],
+        [agent_id, token_sha, descriptor_json, warmup_ms, wake_channel(settings), described_json,
+         *capabilities],
     )
 
 

@@ -7,7 +7,8 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request
 
 from broker.ids import CAPABILITY_RE, check_capability
-from broker.ops.overview import agent_rows, capability_rows, queue_rows
+from broker.ops.catalog import capability_rows
+from broker.ops.overview import agent_rows, queue_rows
 from gateway.apikeys import KeyRecord, Role
 from gateway.auth import require
 from gateway.models import ErrorBody

@@ -1,0 +1,94 @@
+"""The gateway's API keys and body limit in front of the protocol endpoints (A2A, MCP), whose
+SDKs know nothing of either: an ASGI app that reads the body (413 past the limit), asks the
+endpoint which role the request needs (its JSON-RPC method, or its HTTP method and path), checks
+the caller's key for it (401/403 as the rest of the API answers them) and hands the request on
+with its body replayed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from broker import codec
+from gateway.apikeys import Role
+from gateway.auth import credentials_of
+from gateway.errors import ApiError, error_response
+from gateway.state import GatewayState
+
+RoleOf = Callable[[str, str, Any], Role]
+"""(HTTP method, path, the body's JSON or None) -> the role the request needs."""
+
+
+def jsonrpc_methods(body: Any) -> list[str]:
+    """The JSON-RPC methods a body calls (a batch calls several)."""
+    calls = body if isinstance(body, list) else [body]
+    return [str(c.get("method")) for c in calls if isinstance(c, dict)]
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, gw: GatewayState, role_of: RoleOf, limit: int) -> None:
+        self.app = app
+        self.gw = gw
+        self.role_of = role_of
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            body = await self._body(scope, receive, headers) if scope["method"] in ("POST", "PUT") else b""
+            role = self.role_of(scope["method"], scope["path"], _json_or_none(body))
+            await self.gw.auth.check(credentials_of(headers.get("authorization")), role)
+        except ApiError as exc:
+            await error_response(exc)(scope, receive, send)
+            return
+        await self.app(scope, _replay(body, receive) if body else receive, send)
+
+    async def _body(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> bytes:
+        declared = headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > self.limit:
+            raise _too_large(self.limit)
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                raise ApiError(400, "bad_request", "the client went away")
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.limit:
+                raise _too_large(self.limit)
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _too_large(limit: int) -> ApiError:
+    return ApiError(413, "payload_too_large", f"the request body is over the limit of {limit} bytes")
+
+
+def _json_or_none(body: bytes) -> Any:
+    if not body:
+        return None
+    try:
+        return codec.loads(body)
+    except (ValueError, RecursionError):
+        return None  # (the endpoint answers a body that is not JSON in its protocol's words)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()  # (the disconnect, for streams that watch for it)
+
+    return replay
