@@ -10,6 +10,8 @@ cannot start with '_', so the two never collide).
 | P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
 | P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
 | P:{cap}:deadlines | zset id -> when to check its deadline | submit | when checked |
+| P:{cap}:tasks | zset id -> created ms: the task index (11) | submit, dlq replay | pruned after result_ttl |
+| P:{cap}:canceled | zset id -> canceled ms (11) | cancel | pruned after result_ttl |
 | P:{cap}:task:{id} | hash: the record and its events (1) | every script | result_ttl after the end |
 | P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
 | P:{cap}:task:{id}:callback | hash: callback tokens, outcomes (10) | HTTP bridge, gateway | its attempt |
@@ -65,6 +67,10 @@ cannot start with '_', so the two never collide).
 (10) An HTTP agent that answers 202 may post the attempt's outcome to the gateway later
     (lua/callback_arm.lua, lua/callback.lua): `t:<fence>` is the sha256 of that attempt's
     callback token, `o:<fence>` the outcome the gateway took.
+(11) What `reach tasks` searches (broker/ops/search.py): every task by its submit time, written
+    with one ZADD per submit call; the live states are found in the queue, delayed and inboxes,
+    failed tasks in the DLQ, canceled ones in `canceled`. The dispatchers' housekeeping drops
+    the entries older than result_ttl (their records are gone or going).
 """
 
 from __future__ import annotations
@@ -118,6 +124,15 @@ class CapabilityKeys:
     @property
     def deadlines(self) -> str:
         return f"{self.base}:deadlines"
+
+    @property
+    def tasks(self) -> str:
+        """The task index: local id -> submit time ms (see (11))."""
+        return f"{self.base}:tasks"
+
+    @property
+    def canceled(self) -> str:
+        return f"{self.base}:canceled"
 
     @property
     def inboxes(self) -> str:

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.settings import Settings
 from gateway import errors
-from gateway.api import callbacks, events, fleet, tasks
+from gateway.api import callbacks, events, fleet, search, tasks
 from gateway.apikeys import AuthMode
 from gateway.state import GatewayState, state_of
 
@@ -32,7 +32,8 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
                               "wait for their results, follow their events.")
     app.state.gateway = GatewayState(settings, auth_mode)
     errors.install(app)
-    for router in (tasks.router, tasks.batch_router, events.router, fleet.router, callbacks.router):
+    for router in (search.router, tasks.router, tasks.batch_router, events.router, fleet.router,
+                   callbacks.router):
         app.include_router(router)
 
     @app.get("/healthz", tags=["health"], summary="Whether this gateway can reach Redis")

@@ -12,7 +12,7 @@ import typer
 from broker.infra import eventloop
 from broker.settings import redact_url
 from gateway.addresses import DEFAULT_ADDR
-from reach_cli import gateway, ops, policy, schedules, tasks
+from reach_cli import gateway, ops, policy, schedules, search, tasks
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
@@ -33,6 +33,7 @@ app.command()(tasks.submit)
 app.command()(tasks.status)
 app.command()(tasks.result)
 app.command()(tasks.cancel)
+app.command()(search.tasks)
 app.command()(ops.agents)
 app.command()(ops.queues)
 app.command()(ops.explain)
