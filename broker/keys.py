@@ -40,6 +40,7 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:policy, :policy:history | the fleet's policy (9), its changes | policy scripts | never |
 | P:{_registry}:schedules, :fires | periodic schedules (JSON); last fire time | schedules | removed |
 | P:{_registry}:apikeys | hash sha256 of an API key -> its record (JSON) | `reach keys` | revoked |
+| P:{_registry}:console:secret | string: the key that signs console sessions | the first gateway | never |
 
 (1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
 (2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
@@ -266,6 +267,12 @@ class RegistryKeys:
     @property
     def api_keys(self) -> str:
         return f"{self.base}:apikeys"
+
+    @property
+    def console_secret(self) -> str:
+        """Signs the console's session cookies: shared by every gateway, so any of them
+        accepts a session another one began."""
+        return f"{self.base}:console:secret"
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"

@@ -1,6 +1,6 @@
 """The gateway's ASGI app: the producer API (/v1), its OpenAPI schema (/openapi.json, docs at
-/docs), the HTTP agents' callbacks, and a health check. Later parts (the console at /console, the
-A2A and MCP endpoints) mount beside these on the same app."""
+/docs), the HTTP agents' callbacks, a health check, and the operator console (/console). Later
+parts (the A2A and MCP endpoints) mount beside these on the same app."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.settings import Settings
-from gateway import errors
+from gateway import console, errors
 from gateway.api import callbacks, events, fleet, search, tasks
 from gateway.apikeys import AuthMode
 from gateway.state import GatewayState, state_of
@@ -25,6 +25,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
+        await console.close(app)
         await state_of(app).close()
 
     app = FastAPI(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
@@ -32,6 +33,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
                               "wait for their results, follow their events.")
     app.state.gateway = GatewayState(settings, auth_mode)
     errors.install(app)
+    console.mount(app)
     for router in (search.router, tasks.router, tasks.batch_router, events.router, fleet.router,
                    callbacks.router):
         app.include_router(router)

@@ -68,15 +68,16 @@ def tasks(
 
 def _table(rows: list[TaskStatus]) -> Table:
     table = Table(title=f"Tasks ({len(rows)}, newest first)")
-    for column in ("task", "state", "pri", "attempt", "agent", "created", "finished", "reason"):
+    table.add_column("task", no_wrap=True)
+    table.add_column("state", no_wrap=True)
+    for column in ("pri", "att", "agent", "created", "took", "reason"):
         table.add_column(column)
     for t in rows:
         style = STATE_STYLE.get(t.state.value, "")
+        took = (f"{(t.finished_at - t.created_at).total_seconds():.1f}s"
+                if t.finished_at and t.created_at else "-")
         table.add_row(
             t.task_id, f"[{style}]{t.state.value}[/{style}]", str(t.priority), str(t.attempt),
-            escape(t.agent_id or "-"), _time(t.created_at), _time(t.finished_at), escape(t.reason or "-"))
+            escape(t.agent_id or "-"), t.created_at.strftime("%H:%M:%S") if t.created_at else "-", took,
+            escape(t.reason or "-"))
     return table
-
-
-def _time(value: object) -> str:
-    return value.strftime("%m-%d %H:%M:%S") if hasattr(value, "strftime") else "-"

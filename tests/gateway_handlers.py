@@ -21,3 +21,18 @@ async def work(ctx: TaskContext, payload: Any) -> Any:
     if payload.get("invalid"):
         raise InvalidRequest(str(payload["invalid"]))
     return payload
+
+
+async def fails_while_flagged(ctx: TaskContext, payload: Any) -> Any:
+    """Fails (invalid request: straight to the DLQ) while the Redis key payload["flag"] exists;
+    succeeds once it is gone (so a replay after deleting it succeeds)."""
+    from broker import Settings
+    from broker.infra import connection
+
+    client = connection.sync_client(Settings.load())
+    try:
+        if client.exists(payload["flag"]):
+            raise InvalidRequest("flagged to fail")
+    finally:
+        client.close()
+    return {"ok": True}
