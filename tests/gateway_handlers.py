@@ -10,7 +10,7 @@ from agent_worker import InvalidRequest, TaskContext
 
 async def work(ctx: TaskContext, payload: Any) -> Any:
     """Does what the payload says: `steps` progress events `step_ms` apart, `sleep` seconds,
-    `invalid` (an invalid request); returns the payload."""
+    `invalid` (an invalid request), `flag` (fails_while_flagged); returns the payload."""
     if not isinstance(payload, dict):
         return payload
     steps = int(payload.get("steps", 0))
@@ -18,6 +18,8 @@ async def work(ctx: TaskContext, payload: Any) -> Any:
         await asyncio.sleep(float(payload.get("step_ms", 0)) / 1000)
         await ctx.progress((i + 1) / (steps + 1), f"step {i + 1}")
     await asyncio.sleep(float(payload.get("sleep", 0)))
+    if payload.get("flag"):
+        return await fails_while_flagged(ctx, payload)
     if payload.get("invalid"):
         raise InvalidRequest(str(payload["invalid"]))
     return payload
