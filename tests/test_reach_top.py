@@ -1,0 +1,110 @@
+"""`reach top` in a real terminal: tmux runs it (a private tmux server per test), send-keys types,
+capture-pane reads the screen. It shows capabilities, agents and task events, filters by
+capability, pauses the feed, and quits on q or Ctrl-C with the terminal restored."""
+
+from __future__ import annotations
+
+import secrets
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from broker import ReachClient
+from broker.settings import Settings
+from tests.conftest import ROOT, Fleet, settings_env, wait_until
+
+pytestmark = pytest.mark.one_redis
+
+
+class Terminal:
+    def __init__(self, settings: Settings) -> None:
+        self.socket = f"reach-test-{secrets.token_hex(4)}"
+        self.env = settings_env(settings)
+        self.env["TERM"] = "xterm-256color"
+
+    def tmux(self, *args: str) -> str:
+        done = subprocess.run(["tmux", "-L", self.socket, *args], env=self.env, capture_output=True,
+                              text=True, timeout=10)
+        return done.stdout
+
+    def start(self, command: str) -> None:
+        # (after the command: its exit status and whether the terminal is back in canonical mode)
+        script = f"{command}; echo EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; sleep 60"
+        self.tmux("new-session", "-d", "-x", "160", "-y", "45", "sh", "-c", script)
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p")
+
+    def wait_for(self, text: str, timeout: float = 20) -> str:
+        return str(wait_until(lambda: text in (s := self.screen()) and s, timeout,
+                              message=f"{text!r} on the screen"))
+
+    def keys(self, *keys: str, literal: bool = False) -> None:
+        self.tmux("send-keys", *(["-l"] if literal else []), *keys)
+
+    def close(self) -> None:
+        self.tmux("kill-server")
+
+
+@pytest.fixture
+def terminal(settings: Settings) -> Iterator[Terminal]:
+    if shutil.which("tmux") is None:
+        pytest.skip("tmux is not installed (apt-get install tmux)")
+    t = Terminal(settings)
+    yield t
+    t.close()
+
+
+def _top(*args: str) -> str:
+    return " ".join(shlex.quote(a) for a in [sys.executable, "-m", "reach_cli", "top", *args])
+
+
+def test_top_shows_the_fleet_filters_pauses_and_quits(fleet: Fleet, client: ReachClient,
+                                                     terminal: Terminal) -> None:
+    fleet.dispatcher()
+    fleet.worker("topwork", handler="tests.gateway_handlers:work", agent_id="top-agent")
+    first = client.submit("topwork", {"x": 1}).task_id
+    client.submit("topother", {"x": 2})
+    terminal.start(f"cd {shlex.quote(str(ROOT))} && {_top('--refresh', '0.3')}")
+    screen = terminal.wait_for(first)
+    for text in ("topwork", "topother", "top-agent", "healthy", "succeeded"):
+        assert text in screen
+
+    terminal.keys("p")
+    terminal.wait_for("FEED PAUSED")
+    held = client.submit("topwork", {"x": 3}).task_id
+    terminal.wait_for("FEED PAUSED (")
+    wait_until(lambda: "(0 waiting)" not in terminal.screen(), message="the held events counted")
+    assert held not in terminal.screen()
+    terminal.keys("p")
+    terminal.wait_for(held)
+
+    terminal.keys("f")
+    terminal.keys("topother", literal=True)
+    terminal.keys("Enter")
+    screen = terminal.wait_for("capability: topother")
+    wait_until(lambda: "top-agent" not in terminal.screen(), message="the other capability's agent hidden")
+    assert "topwork " not in terminal.screen().split("Agents")[0]
+
+    terminal.keys("q")
+    screen = terminal.wait_for("EXIT=0")
+    assert "\nicanon" in screen and "-icanon" not in screen  # (the terminal is restored)
+
+
+def test_top_quits_on_ctrl_c(terminal: Terminal, client: ReachClient) -> None:
+    client.submit("topctrl", {"x": 1})
+    terminal.start(_top())
+    terminal.wait_for("topctrl")
+    terminal.keys("C-c")
+    screen = terminal.wait_for("EXIT=0")
+    assert "-icanon" not in screen
+
+
+def test_top_refuses_a_bad_capability(settings: Settings) -> None:
+    done = subprocess.run([sys.executable, "-m", "reach_cli", "top", "--capability", "Not Valid"],
+                          env=settings_env(settings), cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "capability" in done.stderr
