@@ -44,10 +44,13 @@ class ConsoleStack:
 
     def login(self, role: Role) -> httpx.Client:
         """An HTTP client logged in to the console with a key of `role`."""
+        return self.login_with(self.keys[role])
+
+    def login_with(self, key: str) -> httpx.Client:
         http = httpx.Client(base_url=self.url, timeout=30, follow_redirects=False)
         form = http.get("/console/login")
         token = csrf_of(form.text)
-        reply = http.post("/console/login", data={"key": self.keys[role], "csrf": token, "next": "/console"})
+        reply = http.post("/console/login", data={"key": key, "csrf": token, "next": "/console"})
         assert reply.status_code == 303, reply.text
         return http
 

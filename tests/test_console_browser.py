@@ -137,7 +137,8 @@ def test_replay_a_dead_letter_by_clicking_and_confirming(browser: Any, stack: Co
     screenshot(page, "dead-letter-confirm")
     page.click("#confirm-action")
     assert "1 dead letter replayed." in page.inner_text(".flash")
-    wait_until(lambda: stack.client.status(task_id).state is TaskState.SUCCEEDED, message="the replay succeeds")
+    wait_until(lambda: stack.client.status(task_id).state is TaskState.SUCCEEDED,
+               message="the replay succeeds")
     page.goto(f"/console/tasks/{task_id}")
     assert "replayed" in page.inner_text("#timeline")
     assert page.locator(".head .pill").inner_text() == "succeeded"
