@@ -140,7 +140,7 @@ async def policy(request: Request, viewer: Reader) -> Response:
     names = [q.capability for q in snapshot.queues]
 
     def read(r: Any) -> list[tuple[str, list[dict[str, Any]]]]:
-        out = [("(fleet defaults)", policies.describe(policies.read(r, gw.settings, None)))]
+        out = [("fleet default", policies.describe(policies.read(r, gw.settings, None)))]
         out += [(name, policies.describe(policies.read(r, gw.settings, name))) for name in names]
         return out
 
