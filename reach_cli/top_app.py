@@ -127,12 +127,12 @@ class TopApp(App[int]):
             log.write(feed_line(event))
 
     def _show_status(self) -> None:
-        parts = [f"{self.settings.redacted_url()} prefix {self.settings.prefix!r}",
-                 f"capability: {self.only or 'all'}"]
+        parts = [f"capability: {self.only or 'all'}"]
         if self.paused:
-            parts.append(f"FEED PAUSED ({len(self.held)} waiting)")
+            parts.insert(0, f"FEED PAUSED ({len(self.held)} waiting)")
         if self.error:
-            parts.append(self.error)
+            parts.insert(0, self.error)
+        parts.append(f"{self.settings.redacted_url()} prefix {self.settings.prefix!r}")
         self.query_one("#status", Static).update("  ·  ".join(parts))
 
     def action_pause(self) -> None:

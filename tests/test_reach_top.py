@@ -34,14 +34,18 @@ class Terminal:
     def start(self, command: str) -> None:
         # (after the command: its exit status and whether the terminal is back in canonical mode)
         script = f"{command}; echo EXIT=$?; stty -a | tr ' ' '\\n' | grep -x -- '-*icanon'; sleep 60"
-        self.tmux("new-session", "-d", "-x", "160", "-y", "45", "sh", "-c", script)
+        self.tmux("new-session", "-d", "-s", "top", "-x", "160", "-y", "45", "sh", "-c", script)
+        self.tmux("resize-window", "-t", "top", "-x", "160", "-y", "45")  # (some tmux keep 80x24)
 
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p")
 
     def wait_for(self, text: str, timeout: float = 20) -> str:
-        return str(wait_until(lambda: text in (s := self.screen()) and s, timeout,
-                              message=f"{text!r} on the screen"))
+        try:
+            return str(wait_until(lambda: text in (s := self.screen()) and s, timeout,
+                                  message=f"{text!r} on the screen"))
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}; the screen:\n{self.screen()}") from None
 
     def keys(self, *keys: str, literal: bool = False) -> None:
         self.tmux("send-keys", *(["-l"] if literal else []), *keys)
@@ -91,7 +95,8 @@ def test_top_shows_the_fleet_filters_pauses_and_quits(fleet: Fleet, client: Reac
     assert "topwork " not in terminal.screen().split("Agents")[0]
 
     terminal.keys("q")
-    screen = terminal.wait_for("EXIT=0")
+    terminal.wait_for("EXIT=0")
+    screen = terminal.wait_for("icanon")  # (stty's word for canonical mode: -icanon while raw)
     assert "\nicanon" in screen and "-icanon" not in screen  # (the terminal is restored)
 
 
@@ -100,8 +105,9 @@ def test_top_quits_on_ctrl_c(terminal: Terminal, client: ReachClient) -> None:
     terminal.start(_top())
     terminal.wait_for("topctrl")
     terminal.keys("C-c")
-    screen = terminal.wait_for("EXIT=0")
-    assert "-icanon" not in screen
+    terminal.wait_for("EXIT=0")
+    screen = terminal.wait_for("icanon")
+    assert "\nicanon" in screen and "-icanon" not in screen
 
 
 def test_top_refuses_a_bad_capability(settings: Settings) -> None:

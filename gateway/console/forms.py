@@ -13,14 +13,15 @@ MAX_FORM_BYTES = 256 * 1024
 
 
 async def read_form(request: Request) -> dict[str, list[str]]:
+    """The form's fields (an empty body is an empty form: no CSRF token, so refused after)."""
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type != "application/x-www-form-urlencoded":
-        raise ConsoleError(415, "send the form as application/x-www-form-urlencoded")
     body = b""
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM_BYTES:
             raise ConsoleError(413, f"the form is over {MAX_FORM_BYTES // 1024} KiB")
+    if body and content_type != "application/x-www-form-urlencoded":
+        raise ConsoleError(415, "send the form as application/x-www-form-urlencoded")
     try:
         return parse_qs(body.decode("utf-8"), keep_blank_values=True, max_num_fields=5000)
     except (UnicodeDecodeError, ValueError):
