@@ -177,3 +177,16 @@ def test_bulk_replay_and_purge_say_how_many_first(stack: ConsoleStack, redis_url
 
 def _hidden_fields(html: str) -> list[tuple[str, str]]:
     return re.findall(r'<input type="hidden" name="([^"]+)" value="([^"]*)">', html)
+
+
+def test_an_operator_pauses_and_resumes_a_capability(stack: ConsoleStack) -> None:
+    http = stack.login(Role.OPERATOR)
+    token = csrf_of(http.get("/console/policy").text)
+    done = http.post("/console/policy/cwebpause/pause", data={"csrf": token, "reason": "<b>maintenance</b>"})
+    assert done.status_code == 303 and done.headers["location"] == "/console/policy?done=paused"
+    policy = stack.client.policy("cwebpause")
+    assert policy["paused"] is True and policy["paused_reason"] == "<b>maintenance</b>"
+    assert http.post("/console/policy/cwebpause/resume", data={"csrf": token}).status_code == 303
+    assert stack.client.policy("cwebpause")["paused"] is False
+    assert http.post("/console/policy/Not Valid/pause", data={"csrf": token}).status_code in (400, 404)
+    http.close()
