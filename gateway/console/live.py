@@ -25,7 +25,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from broker.infra.outages import TRANSIENT_ERRORS
-from broker.ops.feed import FeedEvent, FeedReader
+from broker.ops.feed import FeedReader
 from broker.scripts import Scripts
 from gateway.console.data import Activity, FleetSnapshot, activity, fleet_snapshot
 from gateway.console.render import render
@@ -128,9 +128,3 @@ class LiveHub:
             with contextlib.suppress(asyncio.QueueFull):
                 queue.put_nowait(message)
 
-
-def describe(event: FeedEvent) -> str:
-    """A feed event's one-line gist (for the feed's last column)."""
-    if event.is_agent_event:
-        return event.detail
-    return event.detail if event.detail not in ("{}", "") else ""
