@@ -4,12 +4,13 @@ capability, pauses the feed, and quits on q or Ctrl-C with the terminal restored
 
 from __future__ import annotations
 
-import secrets
 import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,13 +22,13 @@ pytestmark = pytest.mark.one_redis
 
 
 class Terminal:
-    def __init__(self, settings: Settings) -> None:
-        self.socket = f"reach-test-{secrets.token_hex(4)}"
+    def __init__(self, settings: Settings, socket: Path) -> None:
+        self.socket = str(socket)
         self.env = settings_env(settings)
         self.env["TERM"] = "xterm-256color"
 
     def tmux(self, *args: str) -> str:
-        done = subprocess.run(["tmux", "-L", self.socket, *args], env=self.env, capture_output=True,
+        done = subprocess.run(["tmux", "-S", self.socket, *args], env=self.env, capture_output=True,
                               text=True, timeout=10)
         return done.stdout
 
@@ -58,9 +59,12 @@ class Terminal:
 def terminal(settings: Settings) -> Iterator[Terminal]:
     if shutil.which("tmux") is None:
         pytest.skip("tmux is not installed (apt-get install tmux)")
-    t = Terminal(settings)
+    # (a server of its own, its socket in a directory of its own: short enough for a socket path)
+    home = Path(tempfile.mkdtemp(prefix="reach-tmux-"))
+    t = Terminal(settings, home / "s")
     yield t
     t.close()
+    shutil.rmtree(home, ignore_errors=True)
 
 
 def _top(*args: str) -> str:
@@ -90,9 +94,16 @@ def test_top_shows_the_fleet_filters_pauses_and_quits(fleet: Fleet, client: Reac
     terminal.keys("f")
     terminal.keys("topother", literal=True)
     terminal.keys("Enter")
-    screen = terminal.wait_for("capability: topother")
-    wait_until(lambda: "top-agent" not in terminal.screen(), message="the other capability's agent hidden")
-    assert "topwork " not in terminal.screen().split("Agents")[0]
+    terminal.wait_for("capability: topother")
+
+    def tables() -> tuple[str, str]:
+        """(the capabilities table, the agents table): the feed below may name any agent."""
+        screen = terminal.screen()
+        above, _, below = screen.partition("\n Agents")
+        return above, below.split("────")[0]
+
+    wait_until(lambda: "top-agent" not in tables()[1], message="the other capability's agent hidden")
+    assert "topwork " not in tables()[0] and "topother" in tables()[0]
 
     terminal.keys("q")
     terminal.wait_for("EXIT=0")
