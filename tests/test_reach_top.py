@@ -41,7 +41,7 @@ class Terminal:
     def screen(self) -> str:
         return self.tmux("capture-pane", "-p")
 
-    def wait_for(self, text: str, timeout: float = 20) -> str:
+    def wait_for(self, text: str, timeout: float = 40) -> str:
         try:
             return str(wait_until(lambda: text in (s := self.screen()) and s, timeout,
                                   message=f"{text!r} on the screen"))
