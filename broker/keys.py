@@ -10,6 +10,8 @@ cannot start with '_', so the two never collide).
 | P:{cap}:queue | zset id -> enqueued_ms - priority * aging_ms | submit, promote | removed at dispatch |
 | P:{cap}:delayed | zset id -> ready-at ms | retries | removed when due |
 | P:{cap}:deadlines | zset id -> when to check its deadline | submit | when checked |
+| P:{cap}:tasks | zset id -> created ms: the task index (12) | submit, dlq replay | pruned after result_ttl |
+| P:{cap}:canceled | zset id -> canceled ms (12) | cancel | pruned after result_ttl |
 | P:{cap}:task:{id} | hash: the record and its events (1) | every script | result_ttl after the end |
 | P:{cap}:task:{id}:done | list: the outcome, for waiters (2) | terminal scripts | 1 min after the end |
 | P:{cap}:task:{id}:callback | hash: callback tokens, outcomes (10) | HTTP bridge, gateway | its attempt |
@@ -40,6 +42,7 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:apikeys | hash sha256 of an API key -> its record (JSON) | `reach keys` | revoked |
 | P:{_a2a}:tasks | zset task id -> created ms: tasks submitted over A2A (11) | gateway | trimmed |
 | P:{_a2a}:context:{id} | zset task id -> created ms: one A2A context's tasks | gateway | result_ttl |
+| P:{_registry}:console:secret | string: the key that signs console sessions | the first gateway | never |
 
 (1) Events are fields of the record: `seq` counts them, `e:<n>` holds event n (see lua/_events.lua).
 (2) Pushed only when someone registered to wait (record field `d`); its name is the record's key
@@ -85,6 +88,10 @@ cannot start with '_', so the two never collide).
     callback token, `o:<fence>` the outcome the gateway took.
 (11) What A2A's ListTasks reads (gateway/a2a/index.py): the newest tasks, entries older than
     result_ttl trimmed; a task whose record expired is skipped when read.
+(12) What `reach tasks` searches (broker/ops/search.py): every task by its submit time, written
+    with one ZADD per submit call; the live states are found in the queue, delayed and inboxes,
+    failed tasks in the DLQ, canceled ones in `canceled`. The dispatchers' housekeeping drops
+    the entries older than result_ttl (their records are gone or going).
 An agent's registry hash also holds `described`: the JSON of its capabilities' descriptions
 (broker/models.py CapabilityDescription), written by register.lua; dispatchers never parse it.
 """
@@ -172,6 +179,15 @@ class CapabilityKeys:
     @property
     def deadlines(self) -> str:
         return f"{self.base}:deadlines"
+
+    @property
+    def tasks(self) -> str:
+        """The task index: local id -> submit time ms (see (12))."""
+        return f"{self.base}:tasks"
+
+    @property
+    def canceled(self) -> str:
+        return f"{self.base}:canceled"
 
     @property
     def inboxes(self) -> str:
@@ -305,6 +321,12 @@ class RegistryKeys:
     @property
     def api_keys(self) -> str:
         return f"{self.base}:apikeys"
+
+    @property
+    def console_secret(self) -> str:
+        """Signs the console's session cookies: shared by every gateway, so any of them
+        accepts a session another one began."""
+        return f"{self.base}:console:secret"
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"

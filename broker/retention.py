@@ -1,4 +1,5 @@
-"""Retention of the dead-letter streams: by age, never dropping a dead letter inside it.
+"""Retention of the dead-letter streams: by age, never dropping a dead letter inside it; and
+of the task index that `reach tasks` searches (prune_task_index).
 
 `trim` removes the entries older than `dlq_retention_ms` (XTRIM MINID, exact, so the count is
 exact and nothing newer goes). The cut is one second older than the retention, because an
@@ -51,6 +52,18 @@ def trim(client: SyncRedis, settings: Settings, capability: str) -> int:
     if removed:
         log.info("DLQ of %s: %d entries past the retention removed", capability, removed)
     return removed
+
+
+def prune_task_index(client: SyncRedis, settings: Settings, capability: str) -> int:
+    """Drop the task index entries (and canceled tasks) older than result_ttl: their records
+    have expired or soon will (broker/ops/search.py skips those). Returns how many went."""
+    check_capability(capability)
+    keys = CapabilityKeys(settings.prefix, capability)
+    cut = clock_of(client, keys.tasks) - settings.result_ttl_ms
+    pipe = client.pipeline(transaction=False)
+    pipe.zremrangebyscore(keys.tasks, "-inf", f"({cut}")
+    pipe.zremrangebyscore(keys.canceled, "-inf", f"({cut}")
+    return sum(int(n) for n in pipe.execute())
 
 
 def trim_all(client: SyncRedis, settings: Settings) -> dict[str, int]:

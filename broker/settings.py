@@ -133,6 +133,8 @@ class Settings(BaseSettings):
     """Dead letters older than this are trimmed; younger ones are never dropped."""
     dlq_maxlen: int = Field(0, ge=0)
     """Beyond this many entries (0: no limit), the oldest dead letters past the retention go first."""
+    console_show_payloads: bool = True
+    """Whether the console shows tasks' payloads and results (false for sensitive data)."""
     idle_tick_ms: int = Field(1000, gt=0)
     """Longest a dispatcher sleeps without a wake-up signal before it looks again."""
     dispatch_batch: int = Field(256, ge=1)

@@ -21,7 +21,7 @@ from broker.infra import connection, eventloop, outages
 from broker.infra.metrics_server import MetricsServer, serve
 from broker.keys import RegistryKeys
 from broker.protocol import wake
-from broker.retention import trim
+from broker.retention import prune_task_index, trim
 from broker.settings import DISPATCHER_METRICS_ADDR, Settings
 from dispatcher.capability import CapabilityLoop
 from dispatcher.context import DispatcherContext
@@ -161,7 +161,8 @@ class Dispatcher:
                 await asyncio.sleep(min(tick, 1.0))
 
     async def _retention(self) -> None:
-        """Trim each capability's dead-letter stream to its retention, once a minute."""
+        """Trim each capability's dead-letter stream to its retention and its task index to the
+        result TTL, once a minute."""
         client = None
         while True:
             await asyncio.sleep(RETENTION_EVERY_S)
@@ -170,6 +171,7 @@ class Dispatcher:
                     client = connection.sync_client(self.settings)
                 for capability in list(self.loops):
                     await asyncio.to_thread(trim, client, self.settings, capability)
+                    await asyncio.to_thread(prune_task_index, client, self.settings, capability)
             except Exception as exc:  # retention must never stop the dispatcher
                 log.warning("DLQ retention skipped this time (%s)", exc)
 

@@ -84,7 +84,7 @@ def replay_call(
     reset_attempts: bool,
 ) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.dlq, ck.queue, ck.events, ck.deadlines, ck.policy]
+    keys = [ck.dlq, ck.queue, ck.events, ck.deadlines, ck.policy, ck.tasks]
     args: list[str | int | float] = [
         policy_defaults(settings, capability), *feed_args(settings), capability, "",
         "" if priority is None else priority, "1" if reset_attempts else "0", wake_channel(settings),

@@ -8,6 +8,7 @@ their results and follow their events over HTTP; HTTP agents post their callback
     auth       checking a request's key
     follow     a task's events for Server-Sent Events, from any point
     errors     errors as JSON with the status users expect
+    console/   the operator console at /console (HTML pages, live over SSE)
 
 (This module imports nothing heavy: `reach keys` needs no web framework.)
 """

@@ -1,7 +1,6 @@
 """The gateway's ASGI app: the producer API (/v1), its OpenAPI schema (/openapi.json, docs at
-/docs), the HTTP agents' callbacks, a health check, and the agent protocols (A2A at /a2a and
-/.well-known/agent-card.json, MCP at /mcp: gateway/protocols.py). The console mounts beside
-these on the same app."""
+/docs), the HTTP agents' callbacks, a health check, the operator console (/console) and the
+agent protocols (A2A at /a2a and /.well-known/agent-card.json, MCP at /mcp: gateway/protocols.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +13,8 @@ from fastapi.responses import JSONResponse
 
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.settings import Settings
-from gateway import errors, protocols
-from gateway.api import callbacks, events, fleet, tasks
+from gateway import console, errors, protocols
+from gateway.api import callbacks, events, fleet, search, tasks
 from gateway.apikeys import AuthMode
 from gateway.state import GatewayState, state_of
 
@@ -27,6 +26,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         async with protocols.lifespan(running):
             yield
+        await console.close(app)
         await state_of(app).close()
 
     app = FastAPI(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
@@ -34,7 +34,9 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
                               "wait for their results, follow their events.")
     app.state.gateway = GatewayState(settings, auth_mode)
     errors.install(app)
-    for router in (tasks.router, tasks.batch_router, events.router, fleet.router, callbacks.router):
+    console.mount(app)
+    for router in (search.router, tasks.router, tasks.batch_router, events.router, fleet.router,
+                   callbacks.router):
         app.include_router(router)
     running = protocols.mount(app, app.state.gateway)
 

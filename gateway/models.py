@@ -90,6 +90,19 @@ class TaskJson(BaseModel):
     error: str | None
 
 
+class TaskRow(TaskJson):
+    trace_id: str | None
+
+
+class TaskPageJson(BaseModel):
+    """One page of a task search, newest first."""
+
+    tasks: list[TaskRow]
+    next_cursor: str | None = Field(description="pass it as `cursor` for the next page; null: "
+                                                "no older task is left")
+    scanned: int = Field(description="how many task records this page looked at")
+
+
 class TaskResult(BaseModel):
     task_id: str
     state: str

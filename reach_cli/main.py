@@ -12,7 +12,7 @@ import typer
 from broker.infra import eventloop
 from broker.settings import redact_url
 from gateway.addresses import DEFAULT_ADDR
-from reach_cli import gateway, ops, policy, schedules, tasks
+from reach_cli import gateway, ops, policy, schedules, search, tasks, top
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
@@ -35,10 +35,12 @@ app.command()(tasks.submit)
 app.command()(tasks.status)
 app.command()(tasks.result)
 app.command()(tasks.cancel)
+app.command()(search.tasks)
 app.command()(ops.agents)
 app.command()(ops.queues)
 app.command()(ops.explain)
 app.command()(ops.capabilities)
+app.command()(top.top)
 app.command()(gateway.serve)
 app.command()(gateway.mcp)
 app.command()(policy.pause)
@@ -87,6 +89,8 @@ def up(
             console.print(f"The HTTP gateway is up on {url} (API docs: {url}/docs):\n"
                           f"  curl -s {url}/v1/tasks -H 'Content-Type: application/json' "
                           "-d '{\"capability\": \"summarize\", \"payload\": {\"text\": \"One. Two.\"}}'",
+                          highlight=False, soft_wrap=True)
+            console.print(f"The operator console: {url}/console  (and in the terminal: reach top)",
                           highlight=False, soft_wrap=True)
         console.print("Ctrl-C stops everything.")
         while not stopping:

@@ -1,7 +1,7 @@
 -- cancel: end a task that has not finished, wherever it is.
 -- KEYS[1] queue zset   KEYS[2] delayed zset   KEYS[3] task hash   KEYS[4] capability event feed
 -- KEYS[5] the inbox of the agent the caller saw holding the task ('' key name for none)
--- KEYS[6] capability stats hash
+-- KEYS[6] capability stats hash   KEYS[7] canceled tasks zset (local id -> when, for `reach tasks`)
 -- ARGV[1] local id   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] result ttl ms
 -- ARGV[5] the agent the caller saw holding the task ('' for none)   ARGV[6] that agent's control
 -- channel
@@ -37,6 +37,7 @@ set(t, 'reason', 'canceled')
 count(c, STAT_CANCELED, 1)
 event(c, t, 'canceled', t.agent_id, now, '{"previous_state":' .. jstr(state) .. '}')
 save(t)
+redis.call('ZADD', KEYS[7], now, ARGV[1])
 if (state == 'dispatched' or state == 'running') and agent ~= '' then
   redis.call('PUBLISH', ARGV[6], 'cancel ' .. t.id)
 end

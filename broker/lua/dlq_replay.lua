@@ -4,7 +4,8 @@
 -- a fresh attempt count (unless asked to keep it), a `replayed` event and a `queued` event.
 -- KEYS[1] dead-letter stream   KEYS[2] queue zset   KEYS[3] capability event feed
 -- KEYS[4] deadlines zset (when expire.lua looks at a task)   KEYS[5] policy hash (aging, the
--- queue's depth limit)   then KEYS[6+i] the task hash of entry i (0-based)
+-- queue's depth limit)   KEYS[6] the task index (a replayed task goes to its top)
+-- then KEYS[7+i] the task hash of entry i (0-based)
 -- ARGV[1] policy defaults   ARGV[2] feed maxlen   ARGV[3] task channel prefix   ARGV[4] capability
 -- ARGV[5] (unused)   ARGV[6] priority 0-9 ('' keeps each task's own)
 -- ARGV[7] '1' resets the attempt count, '0' keeps it   ARGV[8] wake channel
@@ -25,7 +26,7 @@ local dlq, queue = KEYS[1], KEYS[2]
 local p = load_policy(KEYS[5], ARGV[1])
 local aging, max_depth = tonumber(p.aging), tonumber(p.max_depth)
 local reset = ARGV[7] == '1'
-local n = #KEYS - 5
+local n = #KEYS - 6
 local now = now_ms()
 local depth = redis.call('ZCARD', queue)
 local out = {}
@@ -72,7 +73,7 @@ local function rebuild(task_key, flat, history)
 end
 
 for i = 0, n - 1 do
-  local task_key = KEYS[6 + i]
+  local task_key = KEYS[7 + i]
   local a = 9 + 4 * i
   local entry_id, task_id, local_id, history = ARGV[a], ARGV[a + 1], ARGV[a + 2], ARGV[a + 3]
   local found = redis.call('XRANGE', dlq, entry_id, entry_id)
@@ -140,6 +141,7 @@ for i = 0, n - 1 do
       else
         redis.call('ZREM', KEYS[4], local_id)
       end
+      redis.call('ZADD', KEYS[6], now, local_id)
       redis.call('XDEL', dlq, entry_id)
       depth = depth + 1
       replayed = replayed + 1

@@ -6,6 +6,7 @@
 -- KEYS[5] grants list   KEYS[6] agent tokens hash   KEYS[7] capability stats hash
 -- KEYS[8] granted hash (the standing grant set by agent, and '#': how many were written)
 -- KEYS[9] policy hash   KEYS[10] rate bucket   KEYS[11] delayed zset
+-- KEYS[12] the capability's task index (zset local id -> created ms, for `reach tasks`)
 -- then for each task its hash, followed by its idempotency key when it has one
 -- ARGV[1] policy defaults (see _policy.lua)   ARGV[2] idempotency ttl ms   ARGV[3] feed maxlen
 -- ARGV[4] task channel prefix   ARGV[5] capability   ARGV[6] inbox key prefix (an inbox is
@@ -52,7 +53,8 @@ local now = now_ms()
 local now_s = jint(now)
 local out = {}
 local queued, direct, created = 0, 0, 0
-local k = 12
+local k = 13
+local indexed = {}  -- (score, local id) pairs: one ZADD for the whole call
 for i = 0, n - 1 do
   local a = 9 + 7 * i
   local task_id, local_id, payload, priority_s, trace_id = ARGV[a], ARGV[a + 1], ARGV[a + 2],
@@ -136,6 +138,8 @@ for i = 0, n - 1 do
     if idem_key then
       redis.call('SET', idem_key, task_id, 'PX', idem_ttl)
     end
+    indexed[#indexed + 1] = now_s
+    indexed[#indexed + 1] = local_id
     out[#out + 1] = 'new'
     out[#out + 1] = task_id
     created = created + 1
@@ -146,6 +150,9 @@ for i = 0, n - 1 do
   end
 end
 flush_feed(c)
+for i = 1, #indexed, 1000 do  -- (unpack has a stack limit)
+  redis.call('ZADD', KEYS[12], unpack(indexed, i, math.min(i + 999, #indexed)))
+end
 if queued > 0 then wake_task(wake, cap) end
 if created > 0 then redis.call('HINCRBY', stats, STAT_SUBMITTED, created) end
 if direct > 0 then

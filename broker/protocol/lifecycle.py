@@ -33,7 +33,7 @@ def cancel_call(settings: Settings, task_id: str, agent_id: str) -> ScriptCall:
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
         "cancel",
-        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id), ck.stats],
+        [ck.queue, ck.delayed, ck.task(local), ck.events, ck.inbox(agent_id), ck.stats, ck.canceled],
         [local, *feed_args(settings), settings.result_ttl_ms, agent_id,
          Channels(settings.prefix).control(agent_id)],
     )

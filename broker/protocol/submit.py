@@ -249,7 +249,7 @@ def _frame(settings: Settings, capability: str) -> _SubmitFrame:
     maxlen, task_channels = feed_args(settings)
     return _SubmitFrame(
         (ck.queue, ck.events, ck.intake, ck.deadlines, ck.grants, ck.tokens, ck.stats, ck.granted,
-         ck.policy, ck.rate, ck.delayed),
+         ck.policy, ck.rate, ck.delayed, ck.tasks),
         (settings.idempotency_ttl_ms, maxlen, task_channels, capability, ck.inbox_prefix,
          settings.cold_start_max_priority, wake_channel(settings)),
         ck.task(""), ck.idempotency(""))
