@@ -97,19 +97,16 @@ class Attempts:
         self.running.unreported.add(task.entry_id)
         if self.metrics is not None:
             self.metrics.started(binding.capability, task.local_id)
-        # (the attempt's task, and the threads it runs handlers on, log lines about this task)
-        bound = logs.bind_task(logs.task_fields(task.task_id, task.trace_id, binding.capability,
-                                                task.attempt))
-        try:
-            attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id)
-        finally:
-            logs.unbind_task(bound)
+        attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id)
         self._arm_timer(attempt.deadline)
         if not recorded:
             self.sink.started(attempt)
 
     async def _run(self, attempt: Attempt, payload: str) -> None:
         ctx = attempt.ctx
+        # (this task's own context: its lines, and those of the threads it runs handlers on,
+        # are about this task; nothing to reset, the context ends with the task)
+        logs.bind_task(logs.task_fields(ctx.task_id, ctx.trace_id, ctx.capability, ctx.attempt))
         end: AttemptEnd | None = None
         try:
             end = await run_attempt(attempt.binding, ctx, payload, self.threads,
@@ -120,8 +117,9 @@ class Attempts:
             log.exception("attempt of %s ended in an error of the worker's own", ctx.task_id)
             end = AttemptEnd(Outcome.FAILURE, f"worker error: {describe(exc)}", 0)
         finally:
-            if self.running.is_current(attempt):
-                del self.running.by_task[ctx.task_id]
+            by_task = self.running.by_task
+            if by_task.get(ctx.task_id) is attempt:
+                del by_task[ctx.task_id]
             if end is not None and end.still_running is not None:
                 self._hold_slot(ctx.task_id, end.still_running)
             else:
@@ -131,7 +129,7 @@ class Attempts:
             return  # (reported when it was given up; this late end changes nothing)
         self.stats.record(end.exec_ms, end.outcome in (Outcome.SUCCESS, Outcome.INVALID_REQUEST))
         if self.metrics is not None:
-            self.metrics.ended(attempt.capability, end.outcome.value, end.exec_ms)
+            self.metrics.ended(ctx.capability, end.outcome.value, end.exec_ms)
         delay = 0
         if end.outcome is Outcome.RETRYABLE_FAILURE:
             delay = backoff_ms(ctx.attempt, self.settings)

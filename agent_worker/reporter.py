@@ -80,11 +80,11 @@ class Reporter:
     # -- what attempts tell (attempts.AttemptSink) ------------------------------------------
 
     def started(self, attempt: Attempt) -> None:
-        self._unrecorded.setdefault(attempt.capability, []).append(attempt)
+        self._unrecorded.setdefault(attempt.binding.capability, []).append(attempt)
         self._flush.set()
 
     def ended(self, attempt: Attempt, completion: Completion) -> None:
-        self._completions.setdefault(attempt.capability, []).append(completion)
+        self._completions.setdefault(attempt.binding.capability, []).append(completion)
         self._flush.set()
 
     def slot_freed(self) -> None:
@@ -178,7 +178,8 @@ class Reporter:
         for capability in {*completions, *unrecorded}:
             # Started and still running: record the start. (Those that ended are started by
             # their completion.)
-            starts = [a for a in unrecorded.get(capability, ()) if self.running.is_current(a)]
+            by_task = self.running.by_task
+            starts = [a for a in unrecorded.get(capability, ()) if by_task.get(a.ctx.task_id) is a]
             done = completions.get(capability, [])
             for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
                 pending_read, read = read, 0  # (_report releases it if it fails)

@@ -18,6 +18,7 @@ from typing import Any
 
 from broker.ids import is_local_id
 from broker.keys import CapabilityKeys
+from broker.protocol.cache import cached
 from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
 from broker.protocol.packed_policy import policy_defaults
 from broker.settings import Settings
@@ -66,24 +67,27 @@ def parse_lease(entry_id: str, fields: dict[str, str] | None) -> Lease | None:
 def parse_entry(capability: str, entry_id: str, fields: dict[str, str] | None) -> AcceptedTask | None:
     """The task an inbox entry hands over, when the entry carries what starting it needs; None
     when it does not (the agent then accepts it first) or is no valid delivery."""
-    lease = parse_lease(entry_id, fields)
-    if lease is None or fields is None or "p" not in fields:
+    # (checks what parse_lease checks, without building a Lease: this runs once per task)
+    if not fields or "p" not in fields:
+        return None
+    local, fence = fields.get("id", ""), fields.get("fence", "")
+    if not (is_local_id(local) and fence.isascii() and fence.isdigit()):
         return None
     packed = fields.get("x", "").split("|", 6)
     if len(packed) != 7:
         return None
-    attempt, timeout_ms, deadline_at, max_attempts, trace_id, session_id, metadata = packed
     try:
-        numbers = [int(attempt), int(timeout_ms), int(deadline_at), int(max_attempts)]
+        attempt, timeout_ms, deadline_at, max_attempts = (
+            int(packed[0]), int(packed[1]), int(packed[2]), int(packed[3]))
     except ValueError:
         return None
-    if not all(0 <= n <= _MAX_MS for n in numbers):
+    if not (0 <= attempt <= _MAX_MS and 0 <= timeout_ms <= _MAX_MS and 0 <= deadline_at <= _MAX_MS
+            and 0 <= max_attempts <= _MAX_MS):
         return None  # (a forged or corrupt entry must not crash the reader on a datetime)
     return AcceptedTask(
-        entry_id=entry_id, local_id=lease.local_id, fence=lease.fence,
-        task_id=f"{capability}:{lease.local_id}", payload=fields["p"], attempt=numbers[0],
-        timeout_ms=numbers[1], deadline_at_ms=numbers[2], trace_id=trace_id,
-        session_id=session_id, metadata=metadata, max_attempts=numbers[3],
+        entry_id=entry_id, local_id=local, fence=fence, task_id=f"{capability}:{local}",
+        payload=fields["p"], attempt=attempt, timeout_ms=timeout_ms, deadline_at_ms=deadline_at,
+        trace_id=packed[4], session_id=packed[5], metadata=packed[6], max_attempts=max_attempts,
     )
 
 
@@ -170,17 +174,28 @@ def accept_call(
     *, started: bool = False,
 ) -> ScriptCall:
     """Accept deliveries before starting them, or (`started`) record that they were started."""
-    ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens, ck.stats, ck.policy]
-    maxlen, task_channels = feed_args(settings)
-    args: list[str | int | float] = [
-        agent_id, token, maxlen, task_channels, settings.result_ttl_ms, "1" if started else "0",
-        policy_defaults(settings, capability),
-    ]
+    keys_head, args_head, task_prefix = cached(
+        settings, ("accept", capability, agent_id), lambda: _accept_frame(settings, capability, agent_id))
+    keys = list(keys_head)
+    args: list[str | int | float] = list(args_head)
+    args[1] = token
+    if started:
+        args[5] = "1"
     for d in deliveries:
-        keys.append(ck.task(d.local_id))
+        keys.append(task_prefix + d.local_id)
         args += [d.entry_id, d.fence]
     return ScriptCall("accept", keys, args)
+
+
+def _accept_frame(settings: Settings, capability: str,
+                  agent_id: str) -> tuple[tuple[str, ...], tuple[str | int | float, ...], str]:
+    """accept.lua's keys and arguments before the deliveries' (the token's place left '')."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = (ck.inbox(agent_id), ck.dlq, ck.events, ck.tokens, ck.stats, ck.policy)
+    maxlen, task_channels = feed_args(settings)
+    args = (agent_id, "", maxlen, task_channels, settings.result_ttl_ms, "0",
+            policy_defaults(settings, capability))
+    return keys, args, ck.task_prefix
 
 
 def parse_accept_statuses(reply: list[Any]) -> list[str] | None:

@@ -10,6 +10,7 @@ from typing import Any
 
 from broker import codec
 from broker.keys import CapabilityKeys
+from broker.protocol.cache import cached
 from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
 from broker.protocol.delivery import Lease
 from broker.protocol.packed_policy import policy_defaults
@@ -42,19 +43,28 @@ class CompleteReply:
 def complete_call(
     settings: Settings, capability: str, agent_id: str, token: str, done: Sequence[Completion]
 ) -> ScriptCall:
-    ck = CapabilityKeys(settings.prefix, capability)
-    keys = [ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health,
-            ck.queue, ck.pulls, ck.stats, ck.grants, ck.granted, ck.policy, ck.rate]
-    maxlen, task_channels = feed_args(settings)
-    args: list[str | int | float] = [
-        agent_id, token, maxlen, task_channels, settings.result_ttl_ms, capability,
-        settings.latency_ceiling_ms, settings.cold_start_max_priority, ck.task_prefix,
-        wake_channel(settings), policy_defaults(settings, capability),
-    ]
+    keys_head, args_head, task_prefix = cached(
+        settings, ("complete", capability, agent_id), lambda: _complete_frame(settings, capability, agent_id))
+    keys = list(keys_head)
+    args: list[str | int | float] = list(args_head)
+    args[1] = token
     for d in done:
-        keys.append(ck.task(d.local_id))
+        keys.append(task_prefix + d.local_id)
         args += [d.entry_id, d.fence, d.outcome, d.body, d.backoff_ms, d.exec_ms]
     return ScriptCall("complete", keys, args)
+
+
+def _complete_frame(settings: Settings, capability: str,
+                    agent_id: str) -> tuple[tuple[str, ...], tuple[str | int | float, ...], str]:
+    """complete.lua's keys and arguments before the completions' (the token's place left '')."""
+    ck = CapabilityKeys(settings.prefix, capability)
+    keys = (ck.inbox(agent_id), ck.delayed, ck.dlq, ck.events, ck.tokens, ck.health,
+            ck.queue, ck.pulls, ck.stats, ck.grants, ck.granted, ck.policy, ck.rate)
+    maxlen, task_channels = feed_args(settings)
+    args = (agent_id, "", maxlen, task_channels, settings.result_ttl_ms, capability,
+            settings.latency_ceiling_ms, settings.cold_start_max_priority, ck.task_prefix,
+            wake_channel(settings), policy_defaults(settings, capability))
+    return keys, args, ck.task_prefix
 
 
 def parse_complete(reply: list[Any]) -> CompleteReply:
