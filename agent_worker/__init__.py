@@ -7,9 +7,10 @@
         return {"summary": "..."}
 """
 
+from agent_worker.binding import Binding
 from agent_worker.context import TaskContext
 from agent_worker.errors import InvalidRequest, Retryable
-from agent_worker.handlers import Binding, load_handler, resolve_bindings
+from agent_worker.handlers import load_handler, resolve_bindings
 from agent_worker.worker import Worker
 
 __all__ = ["Binding", "InvalidRequest", "Retryable", "TaskContext", "Worker", "load_handler",

@@ -6,8 +6,8 @@ import asyncio
 from dataclasses import dataclass
 from typing import Any
 
+from agent_worker.binding import Binding
 from agent_worker.context import TaskContext
-from agent_worker.handlers import Binding
 from broker.infra import logs
 from broker.protocol.delivery import Lease
 

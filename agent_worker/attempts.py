@@ -20,10 +20,10 @@ from concurrent.futures import Executor, Future
 from typing import Any, Protocol
 
 from agent_worker.attempt import STOP_WAIT_S, Attempt, Running, about
+from agent_worker.binding import Binding
 from agent_worker.classify import backoff_ms, describe
 from agent_worker.context import ProgressSink, TaskContext
 from agent_worker.executor import AttemptEnd, run_attempt
-from agent_worker.handlers import Binding
 from agent_worker.metrics import WorkerMetrics
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats

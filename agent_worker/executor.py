@@ -20,9 +20,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from agent_worker.binding import Binding
 from agent_worker.classify import classify, describe
 from agent_worker.context import TaskContext
-from agent_worker.handlers import Binding
 from broker import codec
 from broker.errors import InvalidPayload
 from broker.models import Outcome

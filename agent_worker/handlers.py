@@ -18,44 +18,21 @@ from __future__ import annotations
 import importlib
 import inspect
 import typing
-from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
 from agent_worker import describe
+from agent_worker.binding import Binding, Handler
 from agent_worker.builtin import BUILTIN_HANDLERS
 from broker.errors import ConfigError
 from broker.ids import check_capability
-from broker.models import CapabilityDescription
 from broker.settings import Settings
 
 if TYPE_CHECKING:
     from agent_worker.a2a import A2aAgent
     from agent_worker.http_bridge.options import BridgeOptions
-
-Handler = Callable[..., Any]
-
-
-@dataclass(frozen=True)
-class Binding:
-    """One capability this worker serves and how."""
-
-    capability: str
-    handler: Handler
-    source: str
-    is_async: bool
-    payload_model: type[BaseModel] | None
-    timeout_ms: int
-    retry_failures: bool
-    description: CapabilityDescription = field(default_factory=CapabilityDescription)
-
-    def parse_payload(self, payload: Any) -> Any:
-        if self.payload_model is None:
-            return payload
-        return self.payload_model.model_validate(payload)
-
 
 def load_handler(spec: str) -> Handler:
     """Import `pkg.module:function` (a ConfigError says what is wrong)."""

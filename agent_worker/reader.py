@@ -19,7 +19,7 @@ from typing import Any
 import redis
 
 from agent_worker.attempt import Running
-from agent_worker.handlers import Binding
+from agent_worker.binding import Binding
 from agent_worker.session import AgentSession
 from agent_worker.slots import Slots
 from broker.infra import outages

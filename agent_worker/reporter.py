@@ -19,8 +19,8 @@ from typing import Any
 import redis
 
 from agent_worker.attempt import Attempt, Running, about
+from agent_worker.binding import Binding
 from agent_worker.context import TaskContext
-from agent_worker.handlers import Binding
 from agent_worker.session import AgentSession
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats

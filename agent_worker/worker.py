@@ -34,8 +34,8 @@ from typing import TYPE_CHECKING, Any
 from agent_worker import control
 from agent_worker.attempt import STOP_WAIT_S, Running
 from agent_worker.attempts import Attempts
+from agent_worker.binding import Binding
 from agent_worker.describe import registered
-from agent_worker.handlers import Binding
 from agent_worker.metrics import WorkerMetrics, WorkerView
 from agent_worker.policies import WorkerPolicy
 from agent_worker.reader import Entries, Inboxes

@@ -3,8 +3,10 @@ agent_worker.Worker)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -95,6 +97,11 @@ def serve(
                                 a2a=a2a_agents, describes=describe)
     worker = Worker(settings, bindings, concurrency=concurrency, agent_id=agent_id, region=region,
                     version=version, warmup_s=warmup_s, labels=parse_labels(label or []))
+    raise typer.Exit(_run(worker, new_loop))
+
+
+def _run(worker: Worker, new_loop: Callable[[], asyncio.AbstractEventLoop]) -> int:
+    """Run the worker until it stops; its exit code."""
     loop = new_loop()
     code = loop.run_until_complete(worker.run())
     stuck = worker.still_running()
@@ -108,7 +115,7 @@ def serve(
         os._exit(code)
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
-    raise typer.Exit(code)
+    return code
 
 
 def main() -> None:

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
@@ -26,9 +26,6 @@ from agent_worker.http_bridge.bridge import WorkerLink
 from agent_worker.http_bridge.options import CONNECT_TIMEOUT_S, PROBE_TIMEOUT_S
 from agent_worker.http_bridge.readiness import Probe, Readiness
 from broker.infra import outages
-
-if TYPE_CHECKING:
-    from agent_worker.a2a.agent import A2aAgent
 
 log = logging.getLogger("reach.worker")
 
@@ -68,8 +65,17 @@ class CardProbe(Probe):
         return None
 
 
+class BridgedAgent(Protocol):
+    """What the bridge needs of an A2A agent (agent.py's A2aAgent)."""
+
+    options: A2aOptions
+    card: AgentCard | None
+
+    def attach(self, bridge: A2aBridge) -> None: ...
+
+
 class A2aBridge:
-    def __init__(self, link: WorkerLink, agents: list[A2aAgent]) -> None:
+    def __init__(self, link: WorkerLink, agents: Sequence[BridgedAgent]) -> None:
         self.link = link
         concurrency = link.slots.concurrency
         self.http = httpx.AsyncClient(

@@ -8,14 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
 
 from agent_worker.attempt import Running
-from agent_worker.http_bridge.options import CONNECT_TIMEOUT_S
+from agent_worker.http_bridge.options import CONNECT_TIMEOUT_S, BridgeOptions
 from agent_worker.http_bridge.readiness import Probe, Readiness
 from agent_worker.slots import Slots
 from broker.infra import outages
@@ -24,9 +24,6 @@ from broker.protocol import callbacks
 from broker.protocol.calls import Status
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
-
-if TYPE_CHECKING:
-    from agent_worker.http_bridge.agent import HttpAgent
 
 log = logging.getLogger("reach.worker")
 
@@ -47,8 +44,17 @@ class WorkerLink:
     """Hand the tasks still unread in this agent's inboxes back to the queue."""
 
 
+class BridgedAgent(Protocol):
+    """What the bridge needs of an HTTP agent (agent.py's HttpAgent)."""
+
+    url: str
+    options: BridgeOptions
+
+    def attach(self, bridge: HttpBridge) -> None: ...
+
+
 class HttpBridge:
-    def __init__(self, link: WorkerLink, agents: list[HttpAgent]) -> None:
+    def __init__(self, link: WorkerLink, agents: Sequence[BridgedAgent]) -> None:
         self.link = link
         concurrency = link.slots.concurrency
         self.client = httpx.AsyncClient(
