@@ -55,9 +55,10 @@ def new_token() -> tuple[str, str]:
 
 
 _REFUSALS = {
-    Status.LIVE: "agent id {id!r} is live and held by another process (its heartbeats go on); "
-                 "refusing to displace it: stop that process first, wait until it is offline, "
-                 "or choose another --agent-id",
+    Status.LIVE: "agent id {id!r} is live and held by another process (its last heartbeat was "
+                 "{quiet_s:.1f}s ago; an id is free once offline, after {offline_s:.0f}s without "
+                 "one); refusing to displace it: stop that process first, wait, or choose another "
+                 "--agent-id",
     Status.REVOKED: "agent {id!r} was revoked by an operator (reach agents revoke); stopping",
     Status.SECRET_REQUIRED: "this fleet requires a join secret to register agent {id!r}: set "
                             "REACH_JOIN_SECRET (or join_secret in the config file)",
@@ -66,9 +67,11 @@ _REFUSALS = {
 }
 
 
-def refusal_message(agent_id: str, status: Status) -> str:
+def refusal_message(agent_id: str, status: Status, settings: Settings | None = None,
+                    quiet_ms: int | None = None) -> str:
     text = _REFUSALS.get(status, "the registry refused agent {id!r} (" + status.value + ")")
-    return text.format(id=agent_id)
+    offline_ms = settings.offline_after_ms if settings is not None else 0
+    return text.format(id=agent_id, quiet_s=(quiet_ms or 0) / 1000, offline_s=offline_ms / 1000)
 
 
 class JoinProof:
@@ -111,7 +114,8 @@ async def register(settings: Settings, client: AsyncRedis, scripts: AsyncScripts
         held_token=held_token, join_proof=join, who=f"{descriptor.host or '?'} pid {descriptor.pid}",
     )))
     if reply.status is not Status.OK:
-        raise RegistrationRefused(refusal_message(descriptor.agent_id, reply.status), reply.status.value)
+        raise RegistrationRefused(refusal_message(descriptor.agent_id, reply.status, settings, reply.ms),
+                                  reply.status.value)
     for capability in descriptor.capabilities:
         await scripts(bind_call(settings, capability, descriptor.agent_id, sha,
                                 ttl_ms=settings.agent_token_ttl_ms))

@@ -14,8 +14,8 @@
 -- current token (expired or not: only its holder knows it); an offline id is taken over (the
 -- restart case). A refusal is counted on the record (if any) and recorded as an event.
 -- Re-registering replaces the token, so reports from an older incarnation of the same agent id
--- are refused from now on. Returns {'ok', server ms} | {status} with status one of 'live',
--- 'revoked', 'secret_required', 'secret_wrong'.
+-- are refused from now on. Returns {'ok', server ms} | {'live', ms since its last heartbeat} |
+-- {status} with status one of 'revoked', 'secret_required', 'secret_wrong'.
 local now = now_ms()
 local agent = ARGV[1]
 
@@ -28,14 +28,14 @@ local function same(a, b)
   return diff == 0
 end
 
-local function refuse(status)
+local function refuse(status, extra)
   if redis.call('HEXISTS', KEYS[2], 'descriptor') == 1 then
     redis.call('HINCRBY', KEYS[2], 'register_refused', 1)
     redis.call('HSET', KEYS[2], 'last_refused_at', jint(now), 'last_refused', status .. ': ' .. ARGV[11])
   end
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'register_refused', 'agent_id', agent,
     'time', jint(now), 'detail', status .. ': ' .. ARGV[11])
-  return {status}
+  return {status, extra}
 end
 
 local verifier = redis.call('HGET', KEYS[8], 'verifier')
@@ -46,9 +46,9 @@ end
 local f = redis.call('HMGET', KEYS[2], 'token_sha', 'last_seen', 'revoked_sha')
 local held = ARGV[7] ~= '' and redis.sha1hex(ARGV[7]) or ''
 if f[3] and held ~= '' and same(held, f[3]) then return refuse('revoked') end
-if f[1] and f[1] ~= '' and now - (tonumber(f[2]) or 0) < tonumber(ARGV[8])
-    and not (held ~= '' and same(held, f[1])) then
-  return refuse('live')
+local quiet_ms = now - (tonumber(f[2]) or 0)
+if f[1] and f[1] ~= '' and quiet_ms < tonumber(ARGV[8]) and not (held ~= '' and same(held, f[1])) then
+  return refuse('live', jint(quiet_ms))
 end
 
 local existed = redis.call('EXISTS', KEYS[2])

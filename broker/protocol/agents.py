@@ -37,7 +37,8 @@ def register_call(
 class RegisterReply:
     status: Status
     """ok, or why the registry refused: live, revoked, secret_required, secret_wrong."""
-    server_ms: int | None = None
+    ms: int | None = None
+    """ok: the server's time; live: how long since the live agent's last heartbeat."""
 
 
 def parse_register(reply: Any) -> RegisterReply:
