@@ -198,7 +198,8 @@ def test_a_revoked_agent_stops_and_its_running_tasks_finish_on_another_at_once(
     fleet.dispatcher(settings=settings)
     doomed = fleet.worker("idr", handler=SLEEPY, concurrency=4, settings=settings)
     with ReachClient(settings) as client:
-        handles = [client.submit("idr", {"n": i, "s": 4}) for i in range(4)]
+        # (10 s: they are still running when the second agent is up and the revoke comes)
+        handles = [client.submit("idr", {"n": i, "s": 10}) for i in range(4)]
         wait_until(lambda: all(h.status().state == "running" for h in handles),
                    message="every task running on the doomed agent")
         assert {h.status().agent_id for h in handles} == {doomed.agent_id}
@@ -206,13 +207,15 @@ def test_a_revoked_agent_stops_and_its_running_tasks_finish_on_another_at_once(
         revoked_at = time.monotonic()
         done = reach(settings, "agents", "revoke", doomed.agent_id or "", "--json")
         assert done.returncode == 0, done.stderr
-        assert json.loads(done.stdout)["reclaimed"] == {"idr": 4}
+        # (Who hands them on, this command or a dispatcher that saw the agent offline first,
+        # does not matter: each task is reclaimed once, see below.)
+        assert json.loads(done.stdout)["revoked"] is True
 
         output = exits_refused(doomed)
         assert "was revoked by an operator" in output
         results = [h.result(timeout=60) for h in handles]
         assert time.monotonic() - revoked_at < 60
-    assert results == [{"slept": 4, "attempt": 2}] * 4
+    assert results == [{"slept": 10, "attempt": 2}] * 4
     for handle in handles:
         status = handle.status()
         assert status.agent_id == other.agent_id and status.state == "succeeded"
