@@ -224,3 +224,20 @@ def test_a_revoked_agent_stops_and_its_running_tasks_finish_on_another_at_once(
     row = agents_by_id(settings)[doomed.agent_id or ""]
     assert row["state"] == "offline" and row["revoked"] is True
     alive(other)
+
+
+def test_the_identity_commands_answer_bad_input_clearly(settings: Settings, r: redis.Redis,
+                                                        prefix: str) -> None:
+    unknown = reach(settings, "agents", "revoke", "nobody")
+    assert unknown.returncode == 1 and unknown.stderr.strip() == "error: no agent 'nobody' is registered"
+    short = reach(settings, "agents", "secret", "set", stdin="too-short\n")
+    assert short.returncode == 2 and "at least 16 characters" in short.stderr
+    unset = reach(settings, "agents", "secret", "set", "--from-env", "NO_SUCH_VARIABLE_HERE")
+    assert unset.returncode == 2 and "NO_SUCH_VARIABLE_HERE is not set" in unset.stderr
+    assert not r.exists(RegistryKeys(prefix).join_secret), "nothing was stored"
+    generated = reach(settings, "agents", "secret", "set", "--generate")
+    assert generated.returncode == 0 and len(generated.stdout.strip()) >= 32
+    assert reach(settings, "agents", "secret", "status", "--json").stdout.startswith('{"set": true')
+    cleared = reach(settings, "agents", "secret", "clear")
+    assert cleared.returncode == 0 and cleared.stdout.strip() == "join secret cleared"
+    assert reach(settings, "agents", "secret", "clear").stdout.strip() == "no join secret was set"
