@@ -130,7 +130,7 @@ def secret_set(
     from_env: Annotated[str | None, typer.Option(
         "--from-env", metavar="VAR", help="Read the secret from this environment variable")] = None,
     generate: Annotated[bool, typer.Option(
-        help="Make a random secret and print it (this once: only a verifier is stored)")] = False,
+        "--generate", help="Make a random secret and print it (once: only a verifier is kept)")] = False,
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
 ) -> None:
