@@ -8,6 +8,7 @@ stops the agent's work; beats resume when Redis is back.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -19,10 +20,20 @@ from typing import Any
 import redis
 
 from agent_worker.stats import FULL_STATS_EVERY_S, changed
+from broker import identity
+from broker.errors import RegistrationRefused
 from broker.infra import connection
 from broker.infra.connection import AsyncRedis
+from broker.keys import RegistryKeys
 from broker.models import AgentDescriptor
-from broker.protocol.agents import bind_call, heartbeat_call, parse_heartbeat, register_call
+from broker.protocol.agents import (
+    bind_call,
+    heartbeat_call,
+    parse_heartbeat,
+    parse_register,
+    register_call,
+    token_renew_call,
+)
 from broker.protocol.calls import Status
 from broker.scripts import AsyncScripts, Scripts
 from broker.settings import Settings
@@ -43,25 +54,95 @@ def new_token() -> tuple[str, str]:
     return token, token_sha(token)
 
 
+_REFUSALS = {
+    Status.LIVE: "agent id {id!r} is live and held by another process (its last heartbeat was "
+                 "{quiet_s:.1f}s ago; an id is free once offline, after {offline_s:.0f}s without "
+                 "one); refusing to displace it: stop that process first, wait, or choose another "
+                 "--agent-id",
+    Status.REVOKED: "agent {id!r} was revoked by an operator (reach agents revoke); stopping",
+    Status.SECRET_REQUIRED: "this fleet requires a join secret to register agent {id!r}: set "
+                            "REACH_JOIN_SECRET (or join_secret in the config file)",
+    Status.SECRET_WRONG: "the join secret given for agent {id!r} (REACH_JOIN_SECRET or "
+                         "join_secret) is not this fleet's",
+}
+
+
+def refusal_message(agent_id: str, status: Status, settings: Settings | None = None,
+                    quiet_ms: int | None = None) -> str:
+    text = _REFUSALS.get(status, "the registry refused agent {id!r} (" + status.value + ")")
+    offline_ms = settings.offline_after_ms if settings is not None else 0
+    return text.format(id=agent_id, quiet_s=(quiet_ms or 0) / 1000, offline_s=offline_ms / 1000)
+
+
+class JoinProof:
+    """The proof of the fleet's join secret this worker presents (broker/identity.py), derived
+    once per stored salt (deriving takes a moment: it runs on a thread)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._for: identity.JoinParams | None = None
+        self._proof = ""
+
+    async def get(self, client: AsyncRedis) -> str:
+        """The proof for the fleet's current secret; '' when the fleet has none or this
+        worker was given none (the registry then says whether it needs one)."""
+        secret = self.settings.join_secret
+        if secret is None:
+            return ""
+        fields: Any = await client.hgetall(RegistryKeys(self.settings.prefix).join_secret)
+        params = identity.parse_params(fields or {})
+        if params is None:
+            return ""
+        if params != self._for:
+            self._proof = await asyncio.to_thread(identity.join_proof, secret.get_secret_value(), params)
+            self._for = params
+        return self._proof
+
+
 async def register(settings: Settings, client: AsyncRedis, scripts: AsyncScripts,
-                   descriptor: AgentDescriptor, described: str = "") -> str:
+                   descriptor: AgentDescriptor, described: str = "", *, held_token: str = "",
+                   proof: JoinProof | None = None) -> str:
     """Register (idempotent upsert) and bind every capability; returns the new token.
-    `described`: the capabilities' descriptions (JSON, see broker/models.py)."""
+    `described`: the capabilities' descriptions (JSON, see broker/models.py); `held_token`:
+    the token this process holds for its id (it may take the id back while it is live).
+    RegistrationRefused when the registry will not have it (module _REFUSALS says why)."""
     token, sha = new_token()
-    await scripts(register_call(
+    join = await proof.get(client) if proof is not None else ""
+    reply = parse_register(await scripts(register_call(
         settings, descriptor.agent_id, sha, descriptor.model_dump_json(),
         round(descriptor.warmup_s * 1000), descriptor.capabilities, described,
-    ))
+        held_token=held_token, join_proof=join, who=f"{descriptor.host or '?'} pid {descriptor.pid}",
+    )))
+    if reply.status is not Status.OK:
+        raise RegistrationRefused(refusal_message(descriptor.agent_id, reply.status, settings, reply.ms),
+                                  reply.status.value)
     for capability in descriptor.capabilities:
-        await scripts(bind_call(settings, capability, descriptor.agent_id, sha))
+        await scripts(bind_call(settings, capability, descriptor.agent_id, sha,
+                                ttl_ms=settings.agent_token_ttl_ms))
     return token
+
+
+async def renew_token(settings: Settings, scripts: AsyncScripts, agent_id: str, capabilities: list[str],
+                      token: str) -> Status:
+    """Move the token's expiry on, in the registry and in each capability (bind.lua in renewal
+    mode: never binds a token that is gone). ok, or why not (refused, unknown, revoked)."""
+    reply = parse_heartbeat(await scripts(token_renew_call(settings, agent_id, token)))
+    if reply.status is not Status.OK:
+        return reply.status
+    sha = token_sha(token)
+    for capability in capabilities:
+        bound = await scripts(bind_call(settings, capability, agent_id, sha,
+                                        ttl_ms=settings.agent_token_ttl_ms, renew_only=True))
+        if not int(bound):
+            return Status.REFUSED  # (taken off this capability: revoked or pruned meanwhile)
+    return Status.OK
 
 
 class HeartbeatThread(threading.Thread):
     """Beats every heartbeat_ms (and at once when asked), carrying the worker's stats."""
 
     def __init__(self, settings: Settings, agent_id: str, token: Callable[[], str],
-                 stats: Callable[[], dict[str, Any]], on_refused: Callable[[str], None]) -> None:
+                 stats: Callable[[], dict[str, Any]], on_refused: Callable[[str, Status], None]) -> None:
         super().__init__(name="reach-heartbeat", daemon=True)
         self.settings = settings
         self.agent_id = agent_id
@@ -132,9 +213,10 @@ class HeartbeatThread(threading.Thread):
             if token != self._token():  # (registered again while it was on its way: beat anew)
                 self._wake.set()
                 return False
-            log.error("registry refused this agent's heartbeat (%s); registering again", reply.status)
+            if reply.status is not Status.REVOKED:
+                log.error("registry refused this agent's heartbeat (%s); registering again", reply.status)
             self._sent = {}
-            self._on_refused(token)
+            self._on_refused(token, reply.status)
             return False
         self.failures = 0
         self.beats += 1

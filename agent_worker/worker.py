@@ -123,7 +123,8 @@ class Worker:
         self.redis = connection.async_client(settings)
         scripts = AsyncScripts(self.redis)
         self.session = AgentSession(settings, self.descriptor, self.redis, scripts, self.heartbeat_stats,
-                                    registered({c: b.description for c, b in self.bindings.items()}))
+                                    registered({c: b.description for c, b in self.bindings.items()}),
+                                    on_fatal=self._cut_off)
         self.slots = Slots(concurrency)
         self.running = Running()
         recover = set(self.bindings)
@@ -203,7 +204,8 @@ class Worker:
                                        name=f"reader-{c}") for c, b in self.bindings.items()]
         jobs: dict[str, Callable[[], Awaitable[None]]] = {
             "flusher": self.reporter.flusher, "renewer": self.renewer.run, "ticker": self._ticker,
-            "registrar": self.session.registrar, "policy": self.policy.run,
+            "registrar": self.session.registrar, "tokens": self.session.keep_token,
+            "policy": self.policy.run,
             "control": functools.partial(control.listen, self.redis, self.settings.prefix,
                                          self.agent_id, self.running,
                                          self.bridge.on_control if self.bridge else None),
@@ -250,6 +252,12 @@ class Worker:
         self._exit_code = 1
         self.stop()
 
+    def _cut_off(self, why: str) -> None:
+        """The registry will not have this process (the session logged why): stop at once,
+        exit code 1. What it held was (or will be) handed to other agents."""
+        self._exit_code = 1
+        self.stop()
+
     def still_running(self) -> int:
         """After run(): handlers that have not returned, of tasks given up."""
         return self.attempts.still_running()
@@ -257,9 +265,11 @@ class Worker:
     async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
         grace = self.settings.drain_grace_ms / 1000
         log.info("draining: %d task(s) in flight, grace %.0fs", len(self.running), grace)
-        if not self.session.registered.is_set():
+        if not self.session.registered.is_set() or self.session.cut_off:
             for reader in readers:
                 reader.cancel()
+            for attempt in self.running.attempts():
+                attempt.cancel()  # (cut off: its reports would be refused, its tasks run elsewhere)
             return
         self.session.heartbeat.beat_now("draining")
         await self._mark_draining()

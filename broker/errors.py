@@ -13,6 +13,8 @@
     │   └── TaskCanceled              the task ended in `canceled`
     ├── BrokerUnavailable             Redis cannot be reached (transient: retry later)
     └── TokenRefused                  an agent presented a token the registry does not accept
+        └── RegistrationRefused       the registry refused to register an agent (id live, token
+                                      revoked, join secret missing or wrong); .status says which
 
 `TimeoutError` (the builtin) is raised when a wait ends before the task does; the task keeps running.
 """
@@ -89,3 +91,12 @@ class BrokerUnavailable(ReachError, ConnectionError):
 
 class TokenRefused(ReachError, PermissionError):
     """The registry refused an agent's token (wrong, missing, or the agent is unknown)."""
+
+
+class RegistrationRefused(TokenRefused):
+    """The registry refused to register an agent: its id is live and held by another process,
+    its token was revoked, or the fleet's join secret was missing or wrong (`status`)."""
+
+    def __init__(self, message: str, status: str) -> None:
+        super().__init__(message)
+        self.status = status

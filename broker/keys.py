@@ -21,7 +21,7 @@ cannot start with '_', so the two never collide).
 | P:{cap}:pulls | hash agent id -> standing pull (6) | dispatchers | replaced; expires |
 | P:{cap}:inboxes | set of agent ids that have an inbox | dispatch | never (a few bytes per agent) |
 | P:{cap}:sessions | hash session_id -> agent id | dispatch | entries overwritten |
-| P:{cap}:tokens | hash agent id -> sha1 of its token | registration | replaced on re-registration |
+| P:{cap}:tokens | hash agent id -> sha1 of its token; `exp:<agent>` expiry | registration | unbind |
 | P:{cap}:health | hash per agent: cf/lf, ok, cs/ls (failures, success, slow) | complete, reclaim | never |
 | P:{cap}:stats | hash of counters (8) | scripts, dispatchers | never |
 | P:{cap}:policy | hash: the capability's effective policy (9) | policy scripts, dispatchers | never |
@@ -32,7 +32,8 @@ cannot start with '_', so the two never collide).
 | P:{cap}:events | stream, capped: an entry per script call (5) | every script | MAXLEN ~ event_feed_maxlen |
 | P:{cap}:dlq | stream of dead letters | dead-lettering | by `reach dlq purge` / retention |
 | P:{_registry}:agents | zset agent id -> last heartbeat ms (server clock) | register, heartbeat | prune |
-| P:{_registry}:agent:{agent} | hash, descriptor + token hash + stats | register, heartbeat | prune |
+| P:{_registry}:agent:{agent} | hash, descriptor + token hash, expiry + stats | register, heartbeat | prune |
+| P:{_registry}:join | hash: the join secret's salt, iterations, verifier | `reach agents secret` | clear |
 | P:{_registry}:capabilities | set of capability names | clients, workers | never |
 | P:{_registry}:changes, :rev | zset agent -> revision of last change; counter | registry scripts | prune |
 | P:{_registry}:events | stream, capped: registry events | register, heartbeat, state changes | MAXLEN |
@@ -110,6 +111,9 @@ TASK_DONE_SUFFIX = ":done"
 """A task's done list is its record's key plus this (see CapabilityKeys.task_done)."""
 DRAINING_FIELD = "draining:"
 """The tokens hash marks a draining agent with the field DRAINING_FIELD + agent id."""
+TOKEN_EXPIRY_FIELD = "exp:"
+"""The tokens hash keeps when an agent's token expires (ms, server clock) in the field
+TOKEN_EXPIRY_FIELD + agent id (none: it never expires)."""
 POLICY_PACKED_FIELD = "packed"
 """A policy hash's fields again, in one field the scripts read (see lua/_policy.lua)."""
 
@@ -137,6 +141,7 @@ LUA_CONSTANTS = {
     "DISPATCH_GROUP": DISPATCH_GROUP,
     "DONE_SUFFIX": TASK_DONE_SUFFIX,
     "DRAINING": DRAINING_FIELD,
+    "TOKEN_EXP": TOKEN_EXPIRY_FIELD,
     "POLICY_PACKED_FIELD": POLICY_PACKED_FIELD,
     "STAT_SUBMITTED": STAT_SUBMITTED,
     "STAT_DIRECT": STAT_DIRECT,
@@ -327,6 +332,11 @@ class RegistryKeys:
         """Signs the console's session cookies: shared by every gateway, so any of them
         accepts a session another one began."""
         return f"{self.base}:console:secret"
+
+    @property
+    def join_secret(self) -> str:
+        """The fleet's join secret, as a verifier only (broker/identity.py)."""
+        return f"{self.base}:join"
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"

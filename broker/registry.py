@@ -4,7 +4,7 @@ States are judged from the Redis server clock (the `last_seen` the heartbeat scr
 TIME, against the server's TIME when read), so a skewed agent or dispatcher clock changes
 nothing. Precedence, first match wins:
 
-    offline   no heartbeat for offline_after_ms
+    offline   no heartbeat for offline_after_ms, or its token was revoked
     suspect   no heartbeat for suspect_after_ms
     draining  the agent said it is shutting down
     warming   inside its declared warmup
@@ -46,6 +46,13 @@ class AgentRecord:
     """When it last came back to healthy from suspect, offline or not_ready (cold start)."""
     recorded_state: str = ""
     """The state last written to the registry (by agent_state.lua), to notice transitions."""
+    revoked_at_ms: int = 0
+    """When an operator revoked its token (0: never); a revoked agent is offline."""
+    registrations_refused: int = 0
+    """Registrations of its id the registry refused (id live, token revoked, join secret)."""
+    last_refused_at_ms: int = 0
+    last_refusal: str = ""
+    """Why the last one was refused, and who asked (host and pid)."""
 
     @classmethod
     def from_hash(cls, data: dict[str, str]) -> AgentRecord | None:
@@ -64,6 +71,10 @@ class AgentRecord:
                 refused=int(data.get("refused") or 0),
                 recovered_at_ms=int(data.get("recovered_at") or 0),
                 recorded_state=data.get("state") or "",
+                revoked_at_ms=int(data.get("revoked_at") or 0),
+                registrations_refused=int(data.get("register_refused") or 0),
+                last_refused_at_ms=int(data.get("last_refused_at") or 0),
+                last_refusal=data.get("last_refused") or "",
             )
         except (KeyError, ValueError, TypeError, RecursionError):
             return None  # (RecursionError: a stats text nested too deeply to parse)
@@ -108,7 +119,7 @@ def _clean_stats(stats: Any) -> dict[str, Any]:
 
 def agent_state(record: AgentRecord, now_ms: int, settings: Settings) -> AgentState:
     age = record.heartbeat_age_ms(now_ms)
-    if age >= settings.offline_after_ms:
+    if age >= settings.offline_after_ms or record.revoked_at_ms:
         return AgentState.OFFLINE
     if age >= settings.suspect_after_ms:
         return AgentState.SUSPECT

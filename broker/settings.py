@@ -16,7 +16,15 @@ from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
@@ -82,6 +90,11 @@ class Settings(BaseSettings):
     heartbeat_ms: int = Field(5000, gt=0)
     suspect_after_ms: int = Field(15000, gt=0)
     offline_after_ms: int = Field(30000, gt=0)
+    agent_token_ttl_ms: int = Field(86400000, ge=0)
+    """An agent's token expires this long after it was issued or last renewed (workers renew
+    it every third of this); 0: tokens never expire."""
+    join_secret: SecretStr | None = None
+    """The fleet's join secret (`reach agents secret set`), presented when registering."""
     prune_after_ms: int = Field(86400000, gt=0)
     """An agent offline this long is removed from the registry (its record kept until then)."""
     stall_after_ms: int = Field(20000, gt=0)

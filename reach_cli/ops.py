@@ -1,4 +1,5 @@
-"""`reach agents` and `reach queues`: what the fleet and its queues look like right now."""
+"""`reach queues`, `reach capabilities`, `reach explain`: what the fleet's queues look like right now
+(`reach agents` is reach_cli/agents.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from rich.table import Table
 
 from broker.ids import check_capability
 from broker.ops.catalog import capability_rows
-from broker.ops.overview import agent_rows, queue_rows
+from broker.ops.overview import queue_rows
 from reach_cli.common import (
     ConfigOption,
     JsonOption,
@@ -20,40 +21,6 @@ from reach_cli.common import (
     print_json,
     read_redis,
 )
-
-_STATE_STYLE = {"healthy": "green", "warming": "cyan", "suspect": "yellow", "offline": "red",
-                "draining": "magenta", "not_ready": "yellow"}
-
-
-@cli_errors
-def agents(
-    capability: Annotated[str | None, typer.Option(help="Only agents serving this capability")] = None,
-    as_json: JsonOption = False,
-    redis_url: RedisUrlOption = None,
-    config: ConfigOption = None,
-) -> None:
-    """List agents: state, region, version, in-flight/max, heartbeat age, backlog, success rate."""
-    if capability:
-        check_capability(capability)
-    settings = load_settings(config, redis_url)
-    rows = read_redis(settings, lambda client: agent_rows(client, settings, capability))
-    if as_json:
-        print_json([row.as_dict() for row in rows])
-        return
-    table = Table(title=f"Agents ({len(rows)})")
-    for column in ("agent", "state", "capabilities", "region", "version", "inflight/max",
-                   "heartbeat", "backlog", "success", "p50 ms"):
-        table.add_column(column)
-    for row in rows:
-        style = _STATE_STYLE.get(row.state, "")
-        table.add_row(
-            row.agent_id, f"[{style}]{row.state}[/{style}]", ",".join(row.capabilities),
-            row.region or "-", row.version or "-", f"{row.inflight}/{row.max_concurrency}",
-            f"{row.last_heartbeat_age_s:.1f}s ago", str(row.backlog),
-            f"{row.success_rate:.1%}" if row.success_rate is not None else "-",
-            f"{row.latency_p50_ms:.0f}" if row.latency_p50_ms is not None else "-",
-        )
-    console.print(table)
 
 
 @cli_errors

@@ -18,11 +18,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 import redis
 
 from agent_worker.registration import register
 from broker import ReachClient
 from broker.client.events import feed_events
+from broker.errors import RegistrationRefused
 from broker.ids import split_task_id
 from broker.infra import connection
 from broker.infra.embedded import EmbeddedRedis, free_port
@@ -142,7 +144,8 @@ def test_forged_accept_complete_progress_renew_with_a_wrong_token_are_refused(
 
 
 def test_registration_is_an_idempotent_upsert_and_replaces_the_token(
-    settings: Settings, fleet: Fleet, r: redis.Redis, prefix: str, client: ReachClient
+    settings: Settings, make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str,
+    client: ReachClient
 ) -> None:
     descriptor = AgentDescriptor(agent_id="reg-1", capabilities=["reg"], max_concurrency=2)
 
@@ -152,7 +155,10 @@ def test_registration_is_an_idempotent_upsert_and_replaces_the_token(
         try:
             first = await register(settings, aclient, scripts, descriptor)
             beat_first = await scripts(heartbeat_call(settings, "reg-1", first, {}))
-            second = await register(settings, aclient, scripts, descriptor)
+            # (The id is live: only the holder of its token may register it again, issue 28.)
+            with pytest.raises(RegistrationRefused):
+                await register(settings, aclient, scripts, descriptor)
+            second = await register(settings, aclient, scripts, descriptor, held_token=first)
             beat_old = await scripts(heartbeat_call(settings, "reg-1", first, {}))
             return first, second, beat_first[0] == "ok", beat_old == ["refused"]
         finally:
@@ -169,11 +175,14 @@ def test_registration_is_an_idempotent_upsert_and_replaces_the_token(
     details = [e["detail"] for e in registry_events(r, prefix, "reg-1") if e["type"] == "registered"]
     assert details == ["", "re-registered"]
 
-    # A real worker restarted under the same id takes over the same record and serves tasks.
-    fleet.dispatcher()
-    old = fleet.worker("same", handler="tests.handlers:record", agent_id="same-1")
+    # A real worker restarted under the same id, once the old one is offline, takes over the
+    # same record and serves tasks.
+    fast = make_settings(heartbeat_ms=200, suspect_after_ms=500, offline_after_ms=1000)
+    fleet.dispatcher(settings=fast)
+    old = fleet.worker("same", handler="tests.handlers:record", agent_id="same-1", settings=fast)
     old.kill()
-    new = fleet.worker("same", handler="tests.handlers:record", agent_id="same-1")
+    wait_until(lambda: agent_state_of(fast, "same-1") is AgentState.OFFLINE, message="offline")
+    new = fleet.worker("same", handler="tests.handlers:record", agent_id="same-1", settings=fast)
     assert client.run("same", {"n": 7}, timeout=30) == {"n": 7}
     assert client.submit("same", {"n": 8}).result(timeout=30) == {"n": 8}
     assert sorted(r.zrange(RegistryKeys(prefix).agents, 0, -1)) == ["reg-1", "same-1"]

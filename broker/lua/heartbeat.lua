@@ -6,15 +6,19 @@
 -- for routing to care (then the record's revision moves and dispatchers re-read it)
 -- The time of the beat is the Redis server's, so a skewed agent clock changes nothing. Readers
 -- find changed records through the changes zset instead of re-reading every agent.
--- A wrong token is refused, counted and recorded. Returns {'ok', server ms} | {'refused'} | {'unknown'}.
+-- A wrong or expired token is refused, counted and recorded. Returns {'ok', server ms} |
+-- {'refused'} | {'unknown'} | {'revoked'} (the operator revoked this very token).
 local agent = ARGV[1]
-local f = redis.call('HMGET', KEYS[2], 'token_sha', 'mode')
+local f = redis.call('HMGET', KEYS[2], 'token_sha', 'mode', 'token_exp', 'revoked_sha')
 local now = now_ms()
+local sha = ARGV[2] ~= '' and redis.sha1hex(ARGV[2]) or ''
+if f[4] and sha == f[4] then return {'revoked'} end
 if not f[1] then return {'unknown'} end
-if ARGV[2] == '' or f[1] ~= redis.sha1hex(ARGV[2]) then
+local expired = sha == f[1] and f[3] and tonumber(f[3]) <= now
+if sha == '' or f[1] ~= sha or expired then
   redis.call('HINCRBY', KEYS[2], 'refused', 1)
   redis.call('XADD', KEYS[3], 'MAXLEN', '~', 10000, '*', 'type', 'token_refused',
-    'agent_id', agent, 'time', jint(now), 'detail', 'heartbeat')
+    'agent_id', agent, 'time', jint(now), 'detail', expired and 'heartbeat (expired)' or 'heartbeat')
   return {'refused'}
 end
 redis.call('HSET', KEYS[2], 'last_seen', jint(now))

@@ -29,6 +29,12 @@ class AgentRow:
     success_rate: float | None
     latency_p50_ms: float | None
     refused_tokens: int
+    registrations_refused: int = 0
+    """Registrations of this id refused (it was live and held by another process, a revoked
+    token, a missing or wrong join secret)."""
+    last_refusal: str | None = None
+    last_refusal_age_s: float | None = None
+    revoked: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -121,6 +127,11 @@ def agent_rows(client: SyncRedis, settings: Settings, capability: str | None = N
             success_rate=round((done - failed) / done, 4) if done else None,
             latency_p50_ms=float(p50) if isinstance(p50, int | float) else None,
             refused_tokens=refused,
+            registrations_refused=r.registrations_refused,
+            last_refusal=r.last_refusal or None,
+            last_refusal_age_s=(round(max(0, now - r.last_refused_at_ms) / 1000, 1)
+                                if r.last_refused_at_ms else None),
+            revoked=bool(r.revoked_at_ms),
         ))
     return rows
 

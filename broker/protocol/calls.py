@@ -45,6 +45,14 @@ class Status(StrEnum):
     """The agent is not registered."""
     TERMINAL = "terminal"
     MOVED = "moved"
+    REVOKED = "revoked"
+    """The operator revoked this agent's token (the agent stops)."""
+    LIVE = "live"
+    """Registration refused: the agent id is live and held by another process."""
+    SECRET_REQUIRED = "secret_required"
+    """Registration refused: the fleet has a join secret and none was given."""
+    SECRET_WRONG = "secret_wrong"
+    """Registration refused: the join secret given is not the fleet's."""
 
 
 def is_refused(reply: Any) -> bool:
