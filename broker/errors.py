@@ -12,7 +12,9 @@
     ├── TaskFailed                    the task ended in `failed`; .reason and .error say why
     │   └── TaskCanceled              the task ended in `canceled`
     ├── BrokerUnavailable             Redis cannot be reached (transient: retry later)
-    └── TokenRefused                  an agent presented a token the registry does not accept
+    ├── TokenRefused                  an agent presented a token the registry does not accept
+    └── PermissionDenied              Redis's ACL refused a command, key or channel (a configuration
+                                      error: never retried; broker/acl.py names the role that allows it)
 
 `TimeoutError` (the builtin) is raised when a wait ends before the task does; the task keeps running.
 """
@@ -89,3 +91,8 @@ class BrokerUnavailable(ReachError, ConnectionError):
 
 class TokenRefused(ReachError, PermissionError):
     """The registry refused an agent's token (wrong, missing, or the agent is unknown)."""
+
+
+class PermissionDenied(ReachError, PermissionError):
+    """Redis's ACL refused a command, a key or a channel to this process's user. Not transient:
+    the user's rule must change (`reach acl --role ROLE` prints the rule each role needs)."""
