@@ -31,6 +31,7 @@ from enum import StrEnum
 from functools import cache
 
 from broker.errors import PermissionDenied
+from broker.keys import A2aKeys, CapabilityKeys, RegistryKeys
 from broker.script_source import READ_ONLY_SCRIPTS, SCRIPT_NAMES, source
 
 
@@ -83,6 +84,70 @@ _DIRECT: dict[Role, frozenset[str]] = {
                             "zremrangebyrank", "zremrangebyscore", "publish"},
 }
 """The commands each role sends itself, besides _CONNECTION and its scripts'."""
+
+_CAPABILITY_KINDS = ("intake", "queue", "delayed", "deadlines", "tasks", "canceled", "inboxes",
+                     "sessions", "health", "stats", "tokens", "events", "dlq", "grants", "granted",
+                     "pulls", "policy", "policy_history", "rate")
+_REGISTRY_KINDS = ("agents", "capabilities", "changes", "rev", "events", "served", "policy",
+                   "policy_history", "schedules", "schedule_fires", "api_keys", "console_secret")
+_ANY_CAPABILITY = "[a-z0-9]*"
+"""A capability's hash tag in a key pattern: a capability name starts with [a-z0-9], so the
+registry's `{_registry}` and the gateway's `{_a2a}` never match it."""
+
+
+def key_patterns(prefix: str) -> dict[str, str]:
+    """Each kind of key (named `cap.<kind>`, `registry.<kind>`, `a2a.<kind>`) as an ACL glob."""
+    ck, rk, ak = CapabilityKeys(prefix, _ANY_CAPABILITY), RegistryKeys(prefix), A2aKeys(prefix)
+    kinds = {f"cap.{kind}": str(getattr(ck, kind)) for kind in _CAPABILITY_KINDS}
+    kinds |= {"cap.inbox": ck.inbox("*"), "cap.task": ck.task("*"), "cap.explain": ck.explain("*"),
+              "cap.idempotency": ck.idempotency("*")}
+    kinds |= {f"registry.{kind}": str(getattr(rk, kind)) for kind in _REGISTRY_KINDS}
+    kinds |= {"registry.agent": rk.agent("*"), "a2a.tasks": ak.tasks, "a2a.context": ak.context("*")}
+    return kinds
+
+
+_PRODUCER_KEYS = {
+    # (Every key a script is given must be writable: EVALSHA counts its keys as written.)
+    "rw": ("cap.intake", "cap.queue", "cap.delayed", "cap.deadlines", "cap.tasks", "cap.canceled",
+           "cap.stats", "cap.events", "cap.grants", "cap.granted", "cap.rate", "cap.task",
+           "cap.idempotency", "cap.inbox", "cap.tokens", "cap.policy", "registry.capabilities"),
+    "r": ("registry.served", "registry.policy", "registry.agents", "registry.agent"),
+}
+_AGENT_KEYS = {
+    "rw": (*(f"cap.{kind}" for kind in _CAPABILITY_KINDS if kind != "policy_history"),
+           "cap.inbox", "cap.task", "registry.agents", "registry.agent", "registry.events",
+           "registry.capabilities", "registry.changes", "registry.rev", "registry.served"),
+    "r": ("registry.policy",),
+}
+_GATEWAY_KEYS = {
+    "rw": (*_PRODUCER_KEYS["rw"], "registry.console_secret", "a2a.tasks", "a2a.context"),
+    "r": ("*",),
+}
+_KEYS: dict[Role, dict[str, tuple[str, ...]]] = {
+    Role.PRODUCER: _PRODUCER_KEYS, Role.AGENT: _AGENT_KEYS, Role.GATEWAY: _GATEWAY_KEYS,
+    Role.DISPATCHER: {"rw": ("*",), "r": ()}, Role.OPERATOR: {"rw": ("*",), "r": ()},
+    Role.READER: {"rw": (), "r": ("*",)},
+}
+"""Which kinds of key each role may write (rw) and only read (r); `*` is every key of the
+prefix. The producer never touches the DLQ, the schedules, the API keys or the fleet's policy
+history; an agent neither; only the gateway the console's secret and the A2A index."""
+
+
+def key_rules(role: Role, prefix: str, redis_version: int = 7) -> list[str]:
+    """The key words of the role's rule: `~pattern` (read and write), `%R~pattern` (read only,
+    Redis 7; on 6.2 the nearest rule is `~pattern`, reads and writes)."""
+    kinds = key_patterns(prefix)
+    every = f"{prefix}:*"
+
+    def pattern(kind: str) -> str:
+        return every if kind == "*" else kinds[kind]
+
+    written = [pattern(kind) for kind in _KEYS[role]["rw"]]
+    read = [pattern(kind) for kind in _KEYS[role]["r"] if pattern(kind) not in written]
+    if redis_version < 7:
+        return [f"~{p}" for p in (*written, *read)]
+    return [*(f"~{p}" for p in written), *(f"%R~{p}" for p in read)]
+
 
 NEVER = frozenset({"flushall", "flushdb", "config", "keys", "debug", "script|flush", "shutdown"})
 """What no role may run, whatever it is given (checked in rule(): a role table that grew one
@@ -148,7 +213,7 @@ def rule(role: Role, prefix: str, user: str | None = None, redis_version: int = 
     """The ACL rule `role` needs for the keys and channels under `prefix`."""
     if redis_version not in (6, 7):
         raise ValueError("redis_version must be 6 (6.2) or 7 (7.0 and later)")
-    keys = f"%R~{prefix}:*" if role is Role.READER and redis_version >= 7 else f"~{prefix}:*"
+    keys = " ".join(key_rules(role, prefix, redis_version))
     commands = " ".join(f"+{c}" for c in sorted(role_commands(role, redis_version)))
     # resetchannels: Redis 6.2 grants every channel by default (7 none); the channels are the
     # prefix's own (wake-ups, task events, agent control).
