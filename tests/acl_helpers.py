@@ -151,3 +151,22 @@ def start_acl_server(directory: Path, users: list[str] = (), *,  # type: ignore[
 def role_settings(url: str, prefix: str, **overrides: Any) -> Settings:
     """The fast test settings for a process that connects as the user of `url`."""
     return Settings.load(redis_url=url, prefix=prefix, **{**FAST, **overrides})
+
+
+def make_tls(directory: Path, *names: str) -> TlsFiles:
+    """A fresh test CA (trustme), a server certificate for `names` (default: this host by
+    name and address) and a client certificate, as PEM files in `directory`."""
+    import trustme
+
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = trustme.CA()
+    server = ca.issue_cert(*(names or ("localhost", "127.0.0.1")))
+    client = ca.issue_cert("reach-client@example.org")
+    files = TlsFiles(directory / "ca.pem", directory / "server.pem", directory / "server.key",
+                     directory / "client.pem", directory / "client.key")
+    ca.cert_pem.write_to_path(str(files.ca))
+    server.cert_chain_pems[0].write_to_path(str(files.server_cert))
+    server.private_key_pem.write_to_path(str(files.server_key))
+    client.cert_chain_pems[0].write_to_path(str(files.client_cert))
+    client.private_key_pem.write_to_path(str(files.client_key))
+    return files
