@@ -111,7 +111,7 @@ _PRODUCER_KEYS = {
     "rw": ("cap.intake", "cap.queue", "cap.delayed", "cap.deadlines", "cap.tasks", "cap.canceled",
            "cap.stats", "cap.events", "cap.grants", "cap.granted", "cap.rate", "cap.task",
            "cap.idempotency", "cap.inbox", "cap.tokens", "cap.policy", "registry.capabilities"),
-    "r": ("registry.served", "registry.policy", "registry.agents", "registry.agent"),
+    "r": ("cap.inboxes", "registry.served", "registry.policy", "registry.agents", "registry.agent"),
 }
 _AGENT_KEYS = {
     "rw": (*(f"cap.{kind}" for kind in _CAPABILITY_KINDS if kind != "policy_history"),

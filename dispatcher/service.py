@@ -66,8 +66,12 @@ class Dispatcher:
                  ctx.tag, self.settings.redacted_url(), self.settings.prefix,
                  eventloop.loop_name(asyncio.get_running_loop()))
         await asyncio.to_thread(connection.check_eviction, self.settings)
-        await outages.with_reconnect(lambda: seed(ctx))
-        await outages.with_reconnect(lambda: self._refresh(ctx, health))
+        try:
+            await outages.with_reconnect(lambda: seed(ctx))
+            await outages.with_reconnect(lambda: self._refresh(ctx, health))
+        except Exception as exc:
+            if not fatal.stops(exc):
+                raise
         helpers = [
             asyncio.create_task(self._wake_listener(ctx), name="wake-listener"),
             asyncio.create_task(self._refresher(ctx, health), name="registry-refresher"),

@@ -322,6 +322,7 @@ def test_tenant_b_cannot_read_or_write_tenant_a(server: AclServer, tenant: Tenan
                 pubsub = b.pubsub()
                 with pytest.raises(redis.exceptions.NoPermissionError):
                     pubsub.subscribe(Channels(tenant.prefix).task(handle.task_id))
+                    pubsub.get_message(timeout=5)  # (the refusal is the subscribe's reply)
                 pubsub.close()
             finally:
                 b.close()
