@@ -79,7 +79,7 @@ def tls_hint(exc: BaseException) -> str:
     text = str(exc)
     if "CERTIFICATE_VERIFY_FAILED" not in text and "certificate verify failed" not in text:
         return ""
-    if "Hostname mismatch" in text or "hostname" in text.lower():
+    if "mismatch" in text.lower():  # ("Hostname mismatch", "IP address mismatch")
         return (" (the server's TLS certificate is not for this host name: connect by a name it "
                 "names, or get it a certificate that names this one)")
     return (" (the server's TLS certificate is not trusted: point tls_ca_file / REACH_TLS_CA_FILE, "
