@@ -205,8 +205,8 @@ class Dispatcher:
                     if message and message.get("type") == "message":
                         self.on_wake(str(message["data"]))
             except Exception as exc:  # (transient or not: pub/sub only shortens waits)
-                if fatal.stops(exc):
-                    return
+                if fatal.stops(exc) or self._stop.is_set():
+                    return  # (stopping: a read cut short by the close is no reason to listen again)
                 log.warning("wake channel lost (%s); resubscribing in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
