@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -18,9 +19,9 @@ NODE_AGENT = ROOT / "examples" / "http-agent" / "agent.js"
 
 
 def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str,
-                  verify: str | bool = True) -> tuple[Proc, str]:
+                  verify: ssl.SSLContext | bool = True) -> tuple[Proc, str]:
     """`reach serve` on a free loopback port; returns it and its URL once it answers
-    (`verify`: the CA file an HTTPS gateway's certificate is checked against)."""
+    (`verify`: what an HTTPS gateway's certificate is checked with)."""
     url_file = fleet.tmp / f"gateway-{len(fleet.procs)}.url"
     proc = fleet.spawn("gateway", [sys.executable, "-m", "reach_cli", "serve", "--addr", "127.0.0.1:0",
                                    "--url-file", str(url_file), "--log-level", "INFO", *args], settings)
@@ -36,7 +37,7 @@ def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str,
     return proc, base
 
 
-def _answers(base: str, verify: str | bool = True) -> bool:
+def _answers(base: str, verify: ssl.SSLContext | bool = True) -> bool:
     try:
         return httpx.get(f"{base}/healthz", timeout=2, verify=verify).status_code in (200, 503)
     except httpx.HTTPError:

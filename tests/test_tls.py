@@ -5,6 +5,7 @@ TLS with real processes; and the gateway serving HTTPS (`reach serve --tls-cert 
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -171,12 +172,13 @@ def test_spine_through_mutual_tls_under_acl_roles(mutual: AclServer, tls: TlsFil
 @needs_tls
 def test_gateway_serves_https_over_tls_to_redis(mutual: AclServer, tls: TlsFiles, tmp_path: Path) -> None:
     settings = role_settings(mutual.admin_url, "tgw")
+    trusting = ssl.create_default_context(cafile=str(tls.ca))
     fleet = Fleet(settings, tmp_path)
     try:
         _, base = start_gateway(fleet, settings, "--tls-cert", str(tls.server_cert),
-                                "--tls-key", str(tls.server_key), verify=str(tls.ca))
+                                "--tls-key", str(tls.server_key), verify=trusting)
         assert base.startswith("https://")
-        with httpx.Client(base_url=base, verify=str(tls.ca), timeout=30) as http:
+        with httpx.Client(base_url=base, verify=trusting, timeout=30) as http:
             assert http.get("/healthz").status_code == 200
             assert http.get("/v1/queues").status_code == 200
         with pytest.raises(httpx.ConnectError):  # (a client that does not trust the CA)
