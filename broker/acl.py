@@ -254,7 +254,8 @@ def denied(exc: BaseException, role: Role | str | None = None) -> PermissionDeni
         allowing = ", ".join(roles_allowing(command)) or "none (Reach never sends it)"
         hint = f"; the command {command!r} is allowed to the roles: {allowing}"
     elif "key" in text.lower():
-        hint = "; the user may not touch a key of this prefix (a tenant's user, or a read-only one)"
+        hint = ("; the user may not touch one of the keys this needs (another tenant's prefix, a "
+                "kind of key its role does not reach, or a key it may only read)")
     elif "channel" in text.lower():
         hint = "; the user may not use a channel of this prefix"
     who = f" (this process runs as role {role}: `reach acl --role {role}` prints its rule)" \
