@@ -355,3 +355,41 @@ def test_processes_without_a_permission_stop_with_a_clear_error(tenant: Tenant, 
         output = proc.output()
         assert "lack of permission" in output and f"role {role}" in output, output[-3000:]
         assert output.count("lack of permission") <= 3, output[-3000:]  # (no retry loop)
+
+
+def test_the_spine_and_the_reader_under_redis_62_rules(fleet_of: list[Fleet], tmp_path: Path) -> None:
+    """The nearest rules of Redis 6.2 (no %R~, no EVALSHA_RO: the read-only scripts fall back
+    to EVALSHA) on the embedded 6.2 server."""
+    embedded = EmbeddedRedis().start()
+    admin = redis.Redis.from_url(embedded.url, decode_responses=True)
+    prefix = f"t6{secrets.token_hex(3)}"
+    host_port = embedded.url.split("//", 1)[1].split("/", 1)[0]
+    urls = {}
+    try:
+        for role in Role:
+            admin.execute_command(*rule(role, prefix, redis_version=6).setuser(password_hash("pw6")).split())
+            urls[role] = f"redis://{prefix}-{role}:pw6@{host_port}/0"
+        admin.execute_command("ACL", "SETUSER", f"{prefix}-agent", f"~{prefix}:test:*")
+        procs = make_fleet(fleet_of, role_settings(urls[Role.AGENT], prefix), tmp_path)
+        procs.dispatcher(settings=role_settings(urls[Role.DISPATCHER], prefix))
+        worker = procs.worker("bad", handler="tests.handlers:invalid", wait=False)
+        procs.wait_healthy(str(worker.agent_id), role_settings(embedded.url, prefix), worker)
+        with ReachClient(role_settings(urls[Role.PRODUCER], prefix)) as client:
+            handle = client.submit("bad", {"n": "six"})
+            with pytest.raises(Exception, match="invalid_request"):
+                handle.result(timeout=60)
+        env = settings_env(role_settings(urls[Role.READER], prefix))
+        letters = CliRunner().invoke(app, ["dlq", "list", "--json"], env=env, catch_exceptions=False)
+        assert [row["task_id"] for row in json.loads(letters.stdout)] == [handle.task_id]
+        found = CliRunner().invoke(app, ["tasks", "--json"], env=env, catch_exceptions=False)
+        assert handle.task_id in found.stdout
+        refused(CliRunner().invoke(app, ["dlq", "purge", handle.task_id], env=env, catch_exceptions=False))
+    finally:
+        for fleet in fleet_of:
+            fleet.stop_all()
+        for key in admin.scan_iter(match=f"{prefix}:*"):
+            admin.unlink(key)
+        for role in Role:
+            admin.execute_command("ACL", "DELUSER", f"{prefix}-{role}")
+        admin.close()
+        embedded.stop()
