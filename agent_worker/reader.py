@@ -22,7 +22,7 @@ from agent_worker.attempt import Running
 from agent_worker.binding import Binding
 from agent_worker.session import AgentSession
 from agent_worker.slots import Slots
-from broker.infra import outages
+from broker.infra import fatal, outages
 from broker.infra.connection import AsyncRedis
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.protocol.delivery import AcceptedTask, Lease, accept_call, parse_accept, parse_entry, parse_lease
@@ -98,6 +98,8 @@ class Inboxes:
             except redis.exceptions.ResponseError as exc:
                 self.slots.release(held)
                 self.recover.add(binding.capability)
+                if fatal.stops(exc):
+                    return
                 if "NOGROUP" in str(exc):  # the inbox was deleted under us: make it again
                     await self.session.rebind(binding.capability)
                     continue

@@ -9,6 +9,7 @@ stops the agent's work; beats resume when Redis is back.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import hashlib
 import logging
 import secrets
@@ -22,7 +23,7 @@ import redis
 from agent_worker.stats import FULL_STATS_EVERY_S, changed
 from broker import identity
 from broker.errors import RegistrationRefused
-from broker.infra import connection
+from broker.infra import connection, fatal
 from broker.infra.connection import AsyncRedis
 from broker.keys import RegistryKeys
 from broker.models import AgentDescriptor
@@ -170,7 +171,15 @@ class HeartbeatThread(threading.Thread):
         self._stop.set()
         self._wake.set()
 
+    def start(self) -> None:
+        # (Its beats run in the context of the one who started it: the worker's fatal guard.)
+        self._context = contextvars.copy_context()
+        super().start()
+
     def run(self) -> None:
+        self._context.run(self._run)
+
+    def _run(self) -> None:
         interval = self.settings.heartbeat_ms / 1000
         while not self._stop.is_set():
             try:
@@ -205,6 +214,9 @@ class HeartbeatThread(threading.Thread):
             if fresh and reply.status is Status.OK:
                 self._sent, self._sent_at = stats, time.monotonic()
         except (redis.exceptions.RedisError, OSError) as exc:
+            if fatal.stops(exc):
+                self._stop.set()
+                return False
             self.failures += 1
             if self.failures == 1 or self.failures % 10 == 0:
                 log.warning("heartbeat failed (%s); the agent keeps working", exc)

@@ -25,7 +25,7 @@ from agent_worker.session import AgentSession
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats
 from broker import codec
-from broker.infra import logs, outages
+from broker.infra import fatal, logs, outages
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.protocol.calls import Status
 from broker.protocol.delivery import accept_call, parse_accept_statuses
@@ -158,6 +158,8 @@ class Reporter:
                 read = await self._report_all(lane, completions, unrecorded, handing)
                 pause = 0.1
             except redis.exceptions.RedisError as exc:
+                if fatal.stops(exc):
+                    return  # (the tasks' leases lapse: other agents run them)
                 # Redis refused the report (out of memory, read-only, busy, a script error)
                 # beyond what with_reconnect rides out: keep the whole batch and send it again
                 # after a pause. Losing it would leave the results unstored and the tasks to

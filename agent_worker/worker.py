@@ -46,7 +46,7 @@ from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats, rss_kb, stability
 from broker import inbox
 from broker.errors import ConfigError
-from broker.infra import connection, eventloop, logs, outages
+from broker.infra import connection, eventloop, fatal, logs, outages
 from broker.infra.metrics_server import MetricsServer, serve
 from broker.keys import DRAINING_FIELD, CapabilityKeys
 from broker.models import AgentDescriptor
@@ -81,7 +81,9 @@ async def supervised(job: Callable[[], Awaitable[None]], name: str = "", *,
             return
         except asyncio.CancelledError:
             raise
-        except Exception:
+        except Exception as exc:
+            if fatal.stops(exc):
+                return
             if time.monotonic() - started >= healthy_after_s:
                 backoff = first_backoff_s
             log.exception("%s failed unexpectedly; restarting it in %.3gs", name, backoff)
@@ -146,6 +148,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._signals = 0
         self._exit_code = 0
+        self._fatal = fatal.Guard("agent", lambda _: None)  # (run() installs the real one)
         self._last_tick = time.monotonic()
         self._max_lag_ms = 0.0
         self._rss_start_kb = rss_kb()
@@ -194,6 +197,8 @@ class Worker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal)
+        # (Before any loop starts: they all stop the worker on a refusal by Redis's ACL.)
+        self._fatal = fatal.guard("agent", lambda _: loop.call_soon_threadsafe(self._all_held))  # (exit 1)
         log.info("agent %s starting: %s (%s loop)", self.agent_id,
                  ", ".join(f"{c} <- {b.source}" for c, b in self.bindings.items()),
                  eventloop.loop_name(loop))
@@ -215,7 +220,11 @@ class Worker:
         helpers = [asyncio.create_task(supervised(job, name), name=name) for name, job in jobs.items()]
         log.info("agent %s ready (concurrency %d)", self.agent_id, self.concurrency)
         await self._stop.wait()
-        await self._drain(readers)
+        if self._fatal.error is None:
+            await self._drain(readers)
+        else:  # (nothing it sends is allowed: its tasks' leases lapse and others run them)
+            for reader in readers:
+                reader.cancel()
         for job in helpers:
             job.cancel()
         _, stuck = await asyncio.wait(helpers, timeout=5.0)

@@ -12,9 +12,11 @@
     ├── TaskFailed                    the task ended in `failed`; .reason and .error say why
     │   └── TaskCanceled              the task ended in `canceled`
     ├── BrokerUnavailable             Redis cannot be reached (transient: retry later)
-    └── TokenRefused                  an agent presented a token the registry does not accept
-        └── RegistrationRefused       the registry refused to register an agent (id live, token
-                                      revoked, join secret missing or wrong); .status says which
+    ├── TokenRefused                  an agent presented a token the registry does not accept
+    │   └── RegistrationRefused       the registry refused to register an agent (id live, token
+    │                                 revoked, join secret missing or wrong); .status says which
+    └── PermissionDenied              Redis's ACL refused a command, key or channel (a configuration
+                                      error: never retried; broker/acl.py names the role that allows it)
 
 `TimeoutError` (the builtin) is raised when a wait ends before the task does; the task keeps running.
 """
@@ -100,3 +102,8 @@ class RegistrationRefused(TokenRefused):
     def __init__(self, message: str, status: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class PermissionDenied(ReachError, PermissionError):
+    """Redis's ACL refused a command, a key or a channel to this process's user. Not transient:
+    the user's rule must change (`reach acl --role ROLE` prints the rule each role needs)."""

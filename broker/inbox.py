@@ -12,6 +12,7 @@ from typing import Any
 
 import redis
 
+from broker.acl import is_permission_error
 from broker.infra.connection import AsyncRedis
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.protocol.delivery import parse_lease, parse_reclaim, reclaim_call, release_call
@@ -28,7 +29,9 @@ async def last_delivered(client: AsyncRedis, inbox: str) -> str | None:
     """The consumer group's last-delivered id, or None when the inbox or group does not exist."""
     try:
         groups = await client.xinfo_groups(inbox)
-    except redis.exceptions.ResponseError:
+    except redis.exceptions.ResponseError as exc:
+        if is_permission_error(exc):
+            raise
         return None
     for group in groups:
         if group.get("name") == AGENT_GROUP:

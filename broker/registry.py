@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from redis.cluster import RedisCluster
+
 from broker import codec
 from broker.models import AgentDescriptor
 from broker.settings import Settings
@@ -153,5 +155,8 @@ SERVER_TIME_LUA = "return redis.call('TIME')"
 
 def clock_of(client: Any, key: str) -> int:
     """The server time (ms) of the node that holds `key`: on Cluster each node has its own
-    clock, and a time is compared with times that node wrote."""
+    clock, and a time is compared with times that node wrote. (A single node's is a plain
+    TIME, which a user with read-only keys may send: EVAL counts its keys as written.)"""
+    if not isinstance(client, RedisCluster):
+        return server_ms(client.time())
     return server_ms(client.eval(SERVER_TIME_LUA, 1, key))

@@ -31,6 +31,10 @@ SCRIPT_NAMES = tuple(sorted(
 ))
 """Every `<name>.lua` of the folder that is a script (not a helper file)."""
 
+READ_ONLY_SCRIPTS = frozenset({"task_rows", "dlq_scan", "dlq_stats"})
+"""The scripts that only read: broker/scripts.py runs them with EVALSHA_RO where Redis has it
+(7.0 on), which a user with read-only keys may run (broker/acl.py's reader)."""
+
 # A top-level definition starts at the first column: `local function f(` or `local a, b =`.
 _DEFINITION = re.compile(r"^local\s+(?:function\s+([A-Za-z_]\w*)|([A-Za-z_][\w\s,]*?)\s*=)")
 _COMMENT = re.compile(r"--.*$", re.M)

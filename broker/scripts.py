@@ -20,16 +20,21 @@ from redis.client import Redis
 from redis.cluster import RedisCluster
 
 from broker.protocol.calls import ScriptCall
-from broker.script_source import LIBRARY, SCRIPT_NAMES, prelude, source
+from broker.script_source import LIBRARY, READ_ONLY_SCRIPTS, SCRIPT_NAMES, prelude, source
 
 __all__ = ["LIBRARY", "SCRIPT_NAMES", "AsyncScripts", "Lane", "Scripts", "evalsha_command", "prelude",
            "source"]
 
 
-def evalsha_command(sha: str, call: ScriptCall) -> tuple[Any, ...]:
+def evalsha_command(sha: str, call: ScriptCall, verb: str = "EVALSHA") -> tuple[Any, ...]:
     """The bare EVALSHA of a call. (redis-py's Script wraps one in several layers, which cost
     more than the round trip on a hot path, and asks Redis whether the script exists first.)"""
-    return ("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
+    return (verb, sha, len(call.keys), *call.keys, *call.args)
+
+
+def _no_read_only_eval(exc: redis.exceptions.ResponseError) -> bool:
+    """Whether Redis does not know EVALSHA_RO (before 7.0)."""
+    return "unknown command" in str(exc).lower()
 
 
 class Scripts:
@@ -44,9 +49,28 @@ class Scripts:
         # take one per call (redis-py 8 lends at most 100 by default, and refuses beyond).
         pool = getattr(client, "connection_pool", None)
         self._kept_quota = _KeptQuota(int(getattr(pool, "max_connections", 0) or 0) // 2)
+        self._read_only: bool | None = None
+        """Whether Redis runs EVALSHA_RO (None: not known yet)."""
+
+    def _evalsha_ro(self, script: Any, call: ScriptCall) -> Any:
+        """A read-only script the way a user with read-only keys may run it (broker/acl.py);
+        loaded first when Redis lacks it."""
+        command = evalsha_command(script.sha, call, "EVALSHA_RO")
+        try:
+            return self._client.execute_command(*command)
+        except redis.exceptions.NoScriptError:
+            self._client.script_load(script.script)
+            return self._client.execute_command(*command)
 
     def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         script = self._scripts[call.name]
+        if client is None and call.name in READ_ONLY_SCRIPTS and self._read_only is not False:
+            try:
+                return self._evalsha_ro(script, call)
+            except redis.exceptions.ResponseError as exc:
+                if not _no_read_only_eval(exc):
+                    raise
+                self._read_only = False  # (Redis 6.2: EVALSHA below)
         if client is None:
             # A bare EVALSHA: redis-py's Script wraps it in several layers, which cost more
             # than the round trip on a hot path.
@@ -178,6 +202,8 @@ class AsyncScripts:
         self._client = client
         self._cluster = isinstance(client, AsyncRedisCluster)
         self._scripts = {name: client.register_script(source(name)) for name in SCRIPT_NAMES}
+        self._read_only: bool | None = None
+        """Whether Redis runs EVALSHA_RO (None: not known yet; see Scripts._evalsha_ro)."""
 
     @property
     def pool(self) -> Any:
@@ -186,12 +212,27 @@ class AsyncScripts:
 
     async def __call__(self, call: ScriptCall, client: Any = None) -> Any:
         script = self._scripts[call.name]
+        if client is None and call.name in READ_ONLY_SCRIPTS and self._read_only is not False:
+            try:
+                return await self._evalsha_ro(script, call)
+            except redis.exceptions.ResponseError as exc:
+                if not _no_read_only_eval(exc):
+                    raise
+                self._read_only = False
         if client is None:
             try:
                 return await self._client.execute_command(*evalsha_command(script.sha, call))
             except redis.exceptions.NoScriptError:
                 pass  # (the Script below loads it)
         return await script(keys=call.keys, args=call.args, client=client)
+
+    async def _evalsha_ro(self, script: Any, call: ScriptCall) -> Any:
+        command = evalsha_command(script.sha, call, "EVALSHA_RO")
+        try:
+            return await self._client.execute_command(*command)
+        except redis.exceptions.NoScriptError:
+            await self._client.script_load(script.script)
+            return await self._client.execute_command(*command)
 
     def lane(self) -> Lane:
         """A connection of its own for one long-lived loop's exchanges (see Lane)."""

@@ -86,6 +86,13 @@ class Settings(BaseSettings):
     )
     cluster: bool = False
     prefix: str = "reach"
+    tls_ca_file: str | None = None
+    """PEM file of the CA certificates that sign the Redis server's (a `rediss://` URL); the
+    URL's `?ssl_ca_certs=` wins. Unset: the system's trusted CAs."""
+    tls_cert_file: str | None = None
+    """PEM certificate this process presents to Redis (mutual TLS; the URL's `?ssl_certfile=`)."""
+    tls_key_file: str | None = None
+    """Its private key (the URL's `?ssl_keyfile=`)."""
 
     heartbeat_ms: int = Field(5000, gt=0)
     suspect_after_ms: int = Field(15000, gt=0)
@@ -166,6 +173,13 @@ class Settings(BaseSettings):
             parse_address(value)
         return value
 
+    @field_validator("tls_ca_file", "tls_cert_file", "tls_key_file")
+    @classmethod
+    def _check_tls_file(cls, value: str | None) -> str | None:
+        if value and not Path(value).is_file():
+            raise ValueError(f"no such file: {value}")
+        return value or None
+
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
@@ -213,6 +227,12 @@ class Settings(BaseSettings):
     def redis_url_given(self) -> bool:
         """Whether a Redis URL came from a flag, the environment or the config file."""
         return "redis_url" in self.model_fields_set
+
+    def tls_options(self) -> dict[str, str]:
+        """redis-py's TLS options from the tls_* settings (none set: empty)."""
+        options = {"ssl_ca_certs": self.tls_ca_file, "ssl_certfile": self.tls_cert_file,
+                   "ssl_keyfile": self.tls_key_file}
+        return {name: value for name, value in options.items() if value}
 
     def redacted_url(self) -> str:
         return redact_url(self.redis_url)

@@ -22,7 +22,7 @@ import logging
 import random
 import time
 
-from broker.infra import outages
+from broker.infra import fatal, outages
 from broker.keys import CapabilityKeys
 from broker.protocol.delivery import HOLD_AT_MAX_RUNNING, HOLD_PAUSED, AgentBatch
 from broker.protocol.grants import Explanation
@@ -124,7 +124,9 @@ class CapabilityLoop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 continue
-            except Exception:
+            except Exception as exc:
+                if fatal.stops(exc):
+                    return
                 # Never die silently: a dead loop leaves a capability without dispatch.
                 log.exception("%s: dispatch step failed; retrying in %.1fs", self.capability, backoff)
                 await asyncio.sleep(backoff)

@@ -10,6 +10,7 @@ import logging
 from typing import Any
 
 from broker.errors import QueueFull
+from broker.infra import fatal
 from broker.keys import RegistryKeys
 from broker.protocol.policy import schedule_fired_call
 from broker.protocol.submit import SubmitOptions, build_submit_request, parse_submit, submit_call
@@ -33,6 +34,8 @@ class Scheduler:
             try:
                 pause = await self.look()
             except Exception as exc:  # (the schedules must never stop the dispatcher)
+                if fatal.stops(exc):
+                    return
                 log.warning("schedules not looked at this time (%s)", exc)
             await asyncio.sleep(pause)
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from broker.errors import ConfigError
 from broker.ids import CAPABILITY_RE
-from broker.infra import connection, eventloop, outages
+from broker.infra import connection, eventloop, fatal, outages
 from broker.infra.metrics_server import MetricsServer, serve
 from broker.keys import RegistryKeys
 from broker.protocol import wake
@@ -48,12 +48,16 @@ class Dispatcher:
         self._stop = asyncio.Event()
         self.ctx: DispatcherContext | None = None
         self._helpers: list[asyncio.Task[None]] = []
+        self._fatal = fatal.Guard("dispatcher", lambda _: None)  # (run() installs the real one)
 
     async def run(self, *, install_signals: bool = True) -> int:
+        """Route until asked to stop; the exit code: 0, or 1 when Redis's ACL refused this
+        dispatcher's user something (no retry fixes that: broker/infra/fatal.py)."""
+        loop = asyncio.get_running_loop()
         if install_signals:
-            loop = asyncio.get_running_loop()
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._stop.set)
+        self._fatal = fatal.guard("dispatcher", lambda _: loop.call_soon_threadsafe(self._stop.set))
         metrics, server = self._serve_metrics()
         ctx = self.ctx = DispatcherContext.connect(self.settings, dispatcher_id=self.dispatcher_id,
                                                    only=self.only, metrics=metrics)
@@ -62,8 +66,12 @@ class Dispatcher:
                  ctx.tag, self.settings.redacted_url(), self.settings.prefix,
                  eventloop.loop_name(asyncio.get_running_loop()))
         await asyncio.to_thread(connection.check_eviction, self.settings)
-        await outages.with_reconnect(lambda: seed(ctx))
-        await outages.with_reconnect(lambda: self._refresh(ctx, health))
+        try:
+            await outages.with_reconnect(lambda: seed(ctx))
+            await outages.with_reconnect(lambda: self._refresh(ctx, health))
+        except Exception as exc:
+            if not fatal.stops(exc):
+                raise
         helpers = [
             asyncio.create_task(self._wake_listener(ctx), name="wake-listener"),
             asyncio.create_task(self._refresher(ctx, health), name="registry-refresher"),
@@ -85,7 +93,7 @@ class Dispatcher:
         if server is not None:
             server.stop()
         log.info("dispatcher %s stopped", ctx.dispatcher_id)
-        return 0
+        return 0 if self._fatal.error is None else 1
 
     def stop(self) -> None:
         self._stop.set()
@@ -156,7 +164,9 @@ class Dispatcher:
             except outages.TRANSIENT_ERRORS as exc:
                 log.warning("registry refresh failed (%s)", exc)
                 await asyncio.sleep(min(tick, 1.0))
-            except Exception:
+            except Exception as exc:
+                if fatal.stops(exc):
+                    return
                 log.exception("registry refresh failed unexpectedly")
                 await asyncio.sleep(min(tick, 1.0))
 
@@ -173,6 +183,8 @@ class Dispatcher:
                     await asyncio.to_thread(trim, client, self.settings, capability)
                     await asyncio.to_thread(prune_task_index, client, self.settings, capability)
             except Exception as exc:  # retention must never stop the dispatcher
+                if fatal.stops(exc):
+                    return
                 log.warning("DLQ retention skipped this time (%s)", exc)
 
     # -- wake-ups ---------------------------------------------------------------------------
@@ -193,6 +205,8 @@ class Dispatcher:
                     if message and message.get("type") == "message":
                         self.on_wake(str(message["data"]))
             except Exception as exc:  # (transient or not: pub/sub only shortens waits)
+                if fatal.stops(exc) or self._stop.is_set():
+                    return  # (stopping: a read cut short by the close is no reason to listen again)
                 log.warning("wake channel lost (%s); resubscribing in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)

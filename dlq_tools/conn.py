@@ -8,6 +8,7 @@ from typing import Any
 
 import redis
 
+from broker.acl import denied, is_permission_error
 from broker.errors import ReachError
 from broker.ids import CAPABILITY_RE
 from broker.infra import connection, outages
@@ -53,4 +54,6 @@ class Conn:
         except outages.TRANSIENT_ERRORS as exc:
             raise outages.unavailable(exc, self.settings) from exc
         except redis.exceptions.ResponseError as exc:
+            if is_permission_error(exc):  # (which role's rule allows it: broker/acl.py)
+                raise denied(exc) from exc
             raise ReachError(f"Redis refused a command: {exc}") from exc

@@ -5,7 +5,8 @@ users expect.
     400 invalid_json        the body is not strict JSON (NaN and Infinity are refused)
     413 payload_too_large   a payload over max_payload_bytes, or a body over the route's limit
     401 unauthorized        no API key, or one the gateway does not know
-    403 forbidden           the key's role may not do this
+    403 forbidden           the key's role may not do this, or Redis's ACL refused the
+                            gateway's own Redis user (its rule: `reach acl --role gateway`)
     404 unknown_task, not_found
     409 stale, conflict
     429 queue_full          with Retry-After
@@ -24,7 +25,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from broker.errors import BadInput, BrokerUnavailable, InvalidPayload, QueueFull, UnknownTask
+from broker.acl import denied, is_permission_error
+from broker.errors import (
+    BadInput,
+    BrokerUnavailable,
+    InvalidPayload,
+    PermissionDenied,
+    QueueFull,
+    UnknownTask,
+)
 from broker.infra.outages import TRANSIENT_ERRORS
 
 log = logging.getLogger("reach.gateway")
@@ -69,6 +78,10 @@ def from_library(exc: Exception) -> ApiError:
         return ApiError(404, "unknown_task", str(exc))
     if isinstance(exc, QueueFull):
         return ApiError(429, "queue_full", str(exc), headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, PermissionDenied) or (isinstance(exc, redis.exceptions.RedisError)
+                                             and is_permission_error(exc)):
+        error = exc if isinstance(exc, PermissionDenied) else denied(exc, "gateway")
+        return ApiError(403, "forbidden", str(error))
     if isinstance(exc, (BrokerUnavailable, *TRANSIENT_ERRORS)):
         return ApiError(503, "unavailable", "Redis cannot be reached; try again shortly",
                         headers={"Retry-After": str(RETRY_AFTER_S)})
@@ -110,10 +123,13 @@ def install(app: FastAPI) -> None:
         mapped = from_library(exc)
         if mapped.status == 500:
             log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+        elif mapped.status == 403:
+            log.warning("%s %s: %s", request.method, request.url.path, mapped.message)
         return error_response(mapped)
 
     app.add_exception_handler(ApiError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation)
     app.add_exception_handler(StarletteHTTPException, on_http)
-    for kind in (BadInput, UnknownTask, QueueFull, BrokerUnavailable, redis.exceptions.RedisError, Exception):
+    for kind in (BadInput, UnknownTask, QueueFull, BrokerUnavailable, PermissionDenied,
+                 redis.exceptions.RedisError, Exception):
         app.add_exception_handler(kind, on_library)

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import logging
 import socket
+import ssl
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -55,22 +57,39 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def url_of(sock: socket.socket) -> str:
+def url_of(sock: socket.socket, scheme: str = "http") -> str:
     host, port = sock.getsockname()[:2]
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return f"{scheme}://{shown}:{port}"
+
+
+def check_tls(cert: Path | None, key: Path | None) -> dict[str, Any]:
+    """uvicorn's TLS options for HTTPS (none: plain HTTP); a ConfigError naming what is wrong
+    with the files, before the server starts (uvicorn's own error is a traceback)."""
+    if cert is None and key is None:
+        return {}
+    if cert is None or key is None:
+        raise ConfigError("HTTPS needs both --tls-cert and --tls-key")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(cert, key)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"cannot use the TLS certificate {cert} with key {key}: {exc}") from None
+    return {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
 
 
 def serve(settings: Settings, addr: str = DEFAULT_ADDR, *, insecure_no_auth: bool = False,
-          access_log: bool = False, log_level: str = "info", url_file: Path | None = None) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn's own handling: in-flight requests finish)."""
+          access_log: bool = False, log_level: str = "info", url_file: Path | None = None,
+          tls_cert: Path | None = None, tls_key: Path | None = None) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn's own handling: in-flight requests finish); HTTPS
+    with `tls_cert` and `tls_key` (PEM files)."""
     host, port = parse_addr(addr)
+    tls = check_tls(tls_cert, tls_key)
     mode = auth_mode(settings, host, insecure_no_auth)
     sock = bind(host, port)
-    url = url_of(sock)
+    url = url_of(sock, "https" if tls else "http")
     config = uvicorn.Config(create_app(settings, mode), log_level=log_level, access_log=access_log,
                             loop=_best("uvloop", "auto"), http=_best("httptools", "auto"),
-                            lifespan="on", timeout_graceful_shutdown=5)
+                            lifespan="on", timeout_graceful_shutdown=5, **tls)
     server = uvicorn.Server(config)
     if mode is AuthMode.OFF:
         log.warning("serving with no authentication (--insecure-no-auth)")

@@ -15,10 +15,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar, cast
 
+import redis
 import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from broker.acl import denied, is_permission_error
 from broker.errors import BadInput, ReachError
 from broker.infra import connection, logs, outages
 from broker.settings import Settings
@@ -141,5 +143,9 @@ def cli_errors(func: F) -> F:
             fail(str(exc), EXIT_RUNTIME)
         except TimeoutError as exc:
             fail(str(exc), EXIT_RUNTIME)
+        except redis.exceptions.RedisError as exc:
+            if not is_permission_error(exc):
+                raise
+            fail(str(denied(exc)), EXIT_RUNTIME)
 
     return cast(F, wrapper)

@@ -38,6 +38,8 @@ def serve(
         "--insecure-no-auth", help="Serve a non-loopback address with no API key (anyone may call)")] = False,
     access_log: Annotated[bool, typer.Option("--access-log", help="Log every request")] = False,
     url_file: Annotated[Path | None, typer.Option(help="Also write the URL it listens on here")] = None,
+    tls_cert: Annotated[Path | None, typer.Option(help="Serve HTTPS with this certificate (PEM)")] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="The certificate's private key (PEM)")] = None,
     log_level: Annotated[str, typer.Option()] = "INFO",
     redis_url: RedisUrlOption = None,
     config: ConfigOption = None,
@@ -47,7 +49,8 @@ def serve(
 
     setup_logging(log_level)
     run_gateway(load_settings(config, redis_url), addr, insecure_no_auth=insecure_no_auth,
-                access_log=access_log, log_level=log_level.lower(), url_file=url_file)
+                access_log=access_log, log_level=log_level.lower(), url_file=url_file,
+                tls_cert=tls_cert, tls_key=tls_key)
 
 
 class Transport(StrEnum):

@@ -12,7 +12,7 @@ import typer
 from broker.infra import eventloop
 from broker.settings import redact_url
 from gateway.addresses import DEFAULT_ADDR
-from reach_cli import agents, gateway, ops, policy, schedules, search, tasks, top
+from reach_cli import acl, agents, gateway, ops, policy, schedules, search, tasks, top
 from reach_cli.common import (
     EXIT_RUNTIME,
     ConfigOption,
@@ -45,6 +45,7 @@ app.command()(gateway.mcp)
 app.command()(policy.pause)
 app.command()(policy.resume)
 app.add_typer(agents.app, name="agents")
+app.command()(acl.acl)
 app.add_typer(dlq_app, name="dlq")
 app.add_typer(policy.app, name="policy")
 app.add_typer(schedules.app, name="schedule")

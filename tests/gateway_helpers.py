@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import ssl
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -17,8 +18,10 @@ from tests.conftest import ROOT, Fleet, Proc, wait_until
 NODE_AGENT = ROOT / "examples" / "http-agent" / "agent.js"
 
 
-def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str) -> tuple[Proc, str]:
-    """`reach serve` on a free loopback port; returns it and its URL once it answers."""
+def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str,
+                  verify: ssl.SSLContext | bool = True) -> tuple[Proc, str]:
+    """`reach serve` on a free loopback port; returns it and its URL once it answers
+    (`verify`: what an HTTPS gateway's certificate is checked with)."""
     url_file = fleet.tmp / f"gateway-{len(fleet.procs)}.url"
     proc = fleet.spawn("gateway", [sys.executable, "-m", "reach_cli", "serve", "--addr", "127.0.0.1:0",
                                    "--url-file", str(url_file), "--log-level", "INFO", *args], settings)
@@ -30,13 +33,13 @@ def start_gateway(fleet: Fleet, settings: Settings | None = None, *args: str) ->
         return text or None
 
     base = str(wait_until(url, 20, message="the gateway's URL")).replace("0.0.0.0", "127.0.0.1")
-    wait_until(lambda: _answers(base), 20, message="the gateway answering")
+    wait_until(lambda: _answers(base, verify), 20, message="the gateway answering")
     return proc, base
 
 
-def _answers(base: str) -> bool:
+def _answers(base: str, verify: ssl.SSLContext | bool = True) -> bool:
     try:
-        return httpx.get(f"{base}/healthz", timeout=2).status_code in (200, 503)
+        return httpx.get(f"{base}/healthz", timeout=2, verify=verify).status_code in (200, 503)
     except httpx.HTTPError:
         return False
 

@@ -18,6 +18,9 @@ from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
+import redis
+
+from broker.acl import denied, is_permission_error
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story, message_is_terminal
 from broker.client.listener import TaskListener
@@ -273,3 +276,7 @@ class AsyncReachClient:
             yield
         except outages.TRANSIENT_ERRORS as exc:
             raise outages.unavailable(exc, self.settings) from exc
+        except redis.exceptions.ResponseError as exc:
+            if is_permission_error(exc):  # (the user's ACL rule: no retry fixes it)
+                raise denied(exc) from exc
+            raise

@@ -20,6 +20,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, Unpack
 
+import redis
+
+from broker.acl import denied, is_permission_error
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story
 from broker.errors import QueueFull, UnknownTask
@@ -386,3 +389,7 @@ class ReachClient:
             yield
         except outages.TRANSIENT_ERRORS as exc:
             raise outages.unavailable(exc, self.settings) from exc
+        except redis.exceptions.ResponseError as exc:
+            if is_permission_error(exc):  # (the user's ACL rule: no retry fixes it)
+                raise denied(exc) from exc
+            raise

@@ -1,7 +1,9 @@
 """Redis connections: single node, Cluster or Sentinel, TLS and ACL from the URL.
 
-`redis://[user:password@]host:port/db`, `rediss://` for TLS (certificate options as query
-parameters, e.g. `?ssl_cert_reqs=required&ssl_ca_certs=/path/ca.pem`), `unix:///path.sock`,
+`redis://[user:password@]host:port/db`, `rediss://` for TLS (the server's certificate is
+verified, its host name too; the CA and a client certificate come from the settings
+tls_ca_file, tls_cert_file, tls_key_file, or the URL's query parameters, which win:
+`?ssl_ca_certs=/path/ca.pem&ssl_certfile=...&ssl_keyfile=...`), `unix:///path.sock`,
 `redis+cluster://` / `rediss+cluster://` (or REACH_CLUSTER=true) for Redis Cluster, where any
 node's address is enough, and `redis+sentinel://` for a master found through Sentinel.
 Connections are short on timeouts so that a missing Redis shows up as BrokerUnavailable
@@ -118,6 +120,16 @@ def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any
     return {}
 
 
+def tls_options(settings: Settings, url: str) -> dict[str, Any]:
+    """The tls_* settings as redis-py options (the URL's own parameters override them); a
+    ConfigError when they are set for a URL without TLS (they would be ignored silently)."""
+    options = settings.tls_options()
+    if options and not url.startswith(("rediss://", "rediss+")):
+        raise ConfigError("tls_ca_file, tls_cert_file and tls_key_file need a rediss:// URL "
+                          f"(the Redis URL is {redact_url(url)!r})")
+    return options
+
+
 def resolve_url(settings: Settings) -> tuple[str, bool]:
     """(url for redis-py, cluster?) from the settings."""
     url = settings.redis_url
@@ -167,16 +179,18 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
                           url.startswith("rediss+"))
 
 
-def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout: float | None) -> Any:
+def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout: float | None,
+                     settings: Settings) -> Any:
     sentinel_auth = {"password": os.environ["REACH_SENTINEL_PASSWORD"]} \
         if os.environ.get("REACH_SENTINEL_PASSWORD") else {}
     options = {k: v for k, v in _COMMON.items() if k != "health_check_interval"}
+    tls: dict[str, Any] = dict(settings.tls_options()) if target.ssl else {}
     sentinel_cls = AsyncSentinel if asynchronous else Sentinel
     sentinel = sentinel_cls(target.sentinels, socket_timeout=socket_timeout,
                             socket_connect_timeout=3, sentinel_kwargs=sentinel_auth)
     return sentinel.master_for(target.service, db=target.db, username=target.username,
                                password=target.password, ssl=target.ssl,
-                               socket_timeout=socket_timeout, **options)
+                               socket_timeout=socket_timeout, **{**options, **tls})
 
 
 
@@ -185,10 +199,11 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
     BrokerUnavailable if no node answers. With Sentinel it follows the current master."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
-        return _sentinel_master(parse_sentinel_url(url), False, socket_timeout)  # type: ignore[no-any-return]
+        return _sentinel_master(parse_sentinel_url(url), False, socket_timeout, settings)  # type: ignore[no-any-return]
     if cluster:
         try:
-            return SyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON))
+            return SyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
+                                        **tls_options(settings, url))
         except redis.exceptions.RedisClusterException as exc:
             if unreachable(exc):
                 raise unavailable(exc, settings) from exc
@@ -196,7 +211,8 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
         except TRANSIENT_ERRORS as exc:
             raise unavailable(exc, settings) from exc
     return redis.Redis.from_url(url, socket_timeout=socket_timeout,
-                                **_standalone_options(url, asynchronous=False))
+                                **_standalone_options(url, asynchronous=False),
+                                **tls_options(settings, url))
 
 
 def async_client(settings: Settings, *, socket_timeout: float | None = 10,
@@ -208,10 +224,11 @@ def async_client(settings: Settings, *, socket_timeout: float | None = 10,
     open a connection each (more than Redis accepts at once)."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
-        return _sentinel_master(parse_sentinel_url(url), True, socket_timeout)  # type: ignore[no-any-return]
+        return _sentinel_master(parse_sentinel_url(url), True, socket_timeout, settings)  # type: ignore[no-any-return]
     if cluster:
-        return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON))
-    options = _standalone_options(url, asynchronous=True)
+        return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
+                                     **tls_options(settings, url))
+    options = {**_standalone_options(url, asynchronous=True), **tls_options(settings, url)}
     if max_connections is None:
         return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **options)
     pool = redis.asyncio.BlockingConnectionPool.from_url(

@@ -71,7 +71,19 @@ class WaitOutage:
 
 
 def unavailable(exc: BaseException, settings: Settings) -> BrokerUnavailable:
-    return BrokerUnavailable(f"Redis at {settings.redacted_url()} is unavailable: {exc}")
+    return BrokerUnavailable(f"Redis at {settings.redacted_url()} is unavailable: {exc}{tls_hint(exc)}")
+
+
+def tls_hint(exc: BaseException) -> str:
+    """What to do about a TLS handshake that failed for the certificate (else '')."""
+    text = str(exc)
+    if "CERTIFICATE_VERIFY_FAILED" not in text and "certificate verify failed" not in text:
+        return ""
+    if "mismatch" in text.lower():  # ("Hostname mismatch", "IP address mismatch")
+        return (" (the server's TLS certificate is not for this host name: connect by a name it "
+                "names, or get it a certificate that names this one)")
+    return (" (the server's TLS certificate is not trusted: point tls_ca_file / REACH_TLS_CA_FILE, "
+            "or ?ssl_ca_certs= in the URL, at the CA that signed it)")
 
 
 def retrying(give_up_after_s: float = WRITE_GIVE_UP_S) -> Retrying:

@@ -91,7 +91,11 @@ class Secret:
 
     async def get(self) -> bytes:
         if self._value is None:
-            await self.client.set(self.key, secrets.token_hex(32), nx=True)
+            # (Read first: a gateway whose Redis user may only read, a read-only console, uses
+            # the secret another gateway made.)
             value = await self.client.get(self.key)
+            if value is None:
+                await self.client.set(self.key, secrets.token_hex(32), nx=True)
+                value = await self.client.get(self.key)
             self._value = str(value).encode()
         return self._value
