@@ -89,7 +89,8 @@ _CAPABILITY_KINDS = ("intake", "queue", "delayed", "deadlines", "tasks", "cancel
                      "sessions", "health", "stats", "tokens", "events", "dlq", "grants", "granted",
                      "pulls", "policy", "policy_history", "rate")
 _REGISTRY_KINDS = ("agents", "capabilities", "changes", "rev", "events", "served", "policy",
-                   "policy_history", "schedules", "schedule_fires", "api_keys", "console_secret")
+                   "policy_history", "schedules", "schedule_fires", "api_keys", "console_secret",
+                   "join_secret")
 _ANY_CAPABILITY = "[a-z0-9]*"
 """A capability's hash tag in a key pattern: a capability name starts with [a-z0-9], so the
 registry's `{_registry}` and the gateway's `{_a2a}` never match it."""
@@ -117,7 +118,7 @@ _AGENT_KEYS = {
     "rw": (*(f"cap.{kind}" for kind in _CAPABILITY_KINDS if kind != "policy_history"),
            "cap.inbox", "cap.task", "registry.agents", "registry.agent", "registry.events",
            "registry.capabilities", "registry.changes", "registry.rev", "registry.served"),
-    "r": ("registry.policy",),
+    "r": ("registry.policy", "registry.join_secret"),
 }
 _GATEWAY_KEYS = {
     "rw": (*_PRODUCER_KEYS["rw"], "registry.console_secret", "a2a.tasks", "a2a.context"),

@@ -393,3 +393,18 @@ def test_the_spine_and_the_reader_under_redis_62_rules(fleet_of: list[Fleet], tm
             admin.execute_command("ACL", "DELUSER", f"{prefix}-{role}")
         admin.close()
         embedded.stop()
+
+
+def test_an_agent_reads_the_join_secret_and_cannot_change_it(tenant: Tenant) -> None:
+    """register.lua reads the fleet's join-secret verifier without taking it as a key, so that an
+    agent's user needs only read access to it: a leaked agent credential cannot set the secret."""
+    agent = redis.Redis.from_url(tenant.urls[Role.AGENT], decode_responses=True)
+    join = RegistryKeys(tenant.prefix).join_secret
+    try:
+        assert agent.hgetall(join) == {}
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.hset(join, "verifier", "0" * 40)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            agent.delete(join)
+    finally:
+        agent.close()

@@ -1,13 +1,16 @@
 -- register: an agent announces itself (idempotent upsert by agent id) and gets a new token.
 -- KEYS[1] agents zset (id -> last heartbeat ms)   KEYS[2] the agent's hash
 -- KEYS[3] registry event stream   KEYS[4] capabilities set   KEYS[5] changes zset   KEYS[6] rev counter
--- KEYS[7] the set of capabilities an agent ever served   KEYS[8] the fleet's join secret hash
+-- KEYS[7] the set of capabilities an agent ever served
 -- ARGV[1] agent id   ARGV[2] sha1 of the new token   ARGV[3] descriptor JSON   ARGV[4] warmup ms
 -- ARGV[5] wake channel   ARGV[6] its capabilities' descriptions (JSON, '' for none)
 -- ARGV[7] the token the caller holds for this id ('' for none)   ARGV[8] offline_after_ms
 -- ARGV[9] token ttl ms (0: never expires)   ARGV[10] join proof (hex, '' for none)
 -- ARGV[11] who is asking (host and pid, for the record of a refusal)
--- then ARGV[12..] the agent's capabilities
+-- ARGV[12] the fleet's join secret hash: read, never written, so it is not among KEYS, whose
+-- keys an ACL user must be able to write (an agent's user may only read it); it shares the
+-- registry's hash tag, so it is in KEYS[1]'s slot on a Cluster
+-- then ARGV[13..] the agent's capabilities
 -- Identity rules, in order: with a join secret set, the proof must match its verifier (sha1 of
 -- the proof, compared in constant time); a token revoked for this id is refused; an id that is
 -- live (a token and a heartbeat within offline_after_ms) is only taken by the holder of its
@@ -38,7 +41,7 @@ local function refuse(status, extra)
   return {status, extra}
 end
 
-local verifier = redis.call('HGET', KEYS[8], 'verifier')
+local verifier = redis.call('HGET', ARGV[12], 'verifier')
 if verifier then
   if ARGV[10] == '' then return refuse('secret_required') end
   if not same(redis.sha1hex(ARGV[10]), verifier) then return refuse('secret_wrong') end
@@ -68,7 +71,7 @@ else
 end
 redis.call('ZADD', KEYS[1], now, agent)
 redis.call('ZADD', KEYS[5], redis.call('INCR', KEYS[6]), agent)
-for i = 12, #ARGV do
+for i = 13, #ARGV do
   redis.call('SADD', KEYS[4], ARGV[i])
   redis.call('SADD', KEYS[7], ARGV[i])
 end

@@ -25,11 +25,10 @@ def register_call(
     rk = RegistryKeys(settings.prefix)
     return ScriptCall(
         "register",
-        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev, rk.served,
-         rk.join_secret],
+        [rk.agents, rk.agent(agent_id), rk.events, rk.capabilities, rk.changes, rk.rev, rk.served],
         [agent_id, token_sha, descriptor_json, warmup_ms, wake_channel(settings), described_json,
          held_token, settings.offline_after_ms, settings.agent_token_ttl_ms, join_proof, who,
-         *capabilities],
+         rk.join_secret, *capabilities],
     )
 
 
