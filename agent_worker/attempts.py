@@ -90,7 +90,7 @@ class Attempts:
         trace = task.trace_context()
         otel = otel_api.loaded()
         span = (start_process_span(otel, binding.capability, self.agent_id, task, trace)
-                if otel is not None else None)
+                if otel is not None and otel_api.spans_on(otel) else None)
         run_trace = span.trace if span is not None else trace
         ctx = TaskContext(
             task_id=task.task_id, capability=binding.capability, attempt=task.attempt,

@@ -3,7 +3,8 @@
 Nothing here imports OpenTelemetry on its own. A process that traces has imported
 `opentelemetry.trace` already (to configure its tracer provider or to start a span), so its
 presence in sys.modules is the switch: without it a submit or an attempt pays one dict lookup,
-and the task's trace context is plain W3C text (broker/protocol/trace.py).
+and the task's trace context is plain W3C text (broker/protocol/trace.py). Spans are made only
+once a tracer provider is set up (a library such as mcp loads the API without one).
 
 The spans follow the messaging conventions: `send {capability}` (PRODUCER) around a submit,
 whose context becomes the task's traceparent (broker/client/tracing.py), and
@@ -23,6 +24,11 @@ MESSAGING_SYSTEM = "reach"
 def loaded() -> ModuleType | None:
     """`opentelemetry.trace` when this process uses OpenTelemetry, else None."""
     return sys.modules.get("opentelemetry.trace")
+
+
+def spans_on(otel: ModuleType) -> bool:
+    """Whether a tracer provider is set up (until then the API's spans record nothing)."""
+    return not isinstance(otel.get_tracer_provider(), otel.ProxyTracerProvider)
 
 
 def tracer(otel: ModuleType) -> Any:
