@@ -212,3 +212,26 @@ def test_the_gateway_takes_trace_context_from_headers_or_fields(
     assert stored_trace(r, prefix, header_task)[56:] == "vendor=x"
     assert client.status(by_field.json()["task_id"]).trace_id == "1" * 32
     assert {client.status(t["task_id"]).trace_id for t in batch.json()["tasks"]} == {TRACE}
+
+
+PRODUCER_IN_A_SPAN = """
+import sys
+from opentelemetry import trace
+from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags
+from broker import ReachClient
+# (the API alone, no tracer provider: a span context someone else made current)
+parent = SpanContext(int(sys.argv[1], 16), 0x00F067AA0BA902B7, is_remote=True,
+                     trace_flags=TraceFlags(1))
+with ReachClient() as client, trace.use_span(NonRecordingSpan(parent)):
+    print(client.submit("trapi", {"n": 1}).task_id)
+"""
+
+
+def test_without_a_tracer_provider_a_task_joins_the_current_spans_trace(
+    settings: Settings, r: Any, prefix: str,
+) -> None:
+    pytest.importorskip("opentelemetry.trace")
+    done = subprocess.run([sys.executable, "-c", PRODUCER_IN_A_SPAN, TRACE], env=settings_env(settings),
+                          cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert stored_trace(r, prefix, done.stdout.strip()) == GIVEN

@@ -151,3 +151,23 @@ def test_an_invalid_traceparent_starts_no_span_and_writes_nothing(
         client.submit("otelasync", {"n": 4}, traceparent="00-xyz")
     assert recording.spans == []
     assert not list(r.scan_iter(f"{prefix}:*task*"))
+
+
+def test_the_attempt_after_a_reclaim_says_so(
+    fleet: Fleet, settings: Settings, tmp_path: Path, recording: Recorder, r: Any, prefix: str,
+) -> None:
+    fleet.dispatcher()
+    first_spans, second_spans = tmp_path / "first.jsonl", tmp_path / "second.jsonl"
+    first = fleet.worker(extra_args=HANDLERS, env={"REACH_TEST_SPANS": str(first_spans)})
+    with ReachClient(settings) as client:
+        handle = client.submit("otelasync", {"hang_first": True})
+        wait_until(lambda: any(s["task_id"] == handle.task_id for s in seen(r, prefix)), 30,
+                   message="the first attempt running")
+        first.kill()
+        fleet.worker(extra_args=HANDLERS, env={"REACH_TEST_SPANS": str(second_spans)})
+        handle.result(timeout=60)
+    (send,) = [s for s in recording.spans if s["name"] == "send otelasync"]
+    (process,) = _process_spans(second_spans, handle.task_id, 1)
+    assert (process["trace_id"], process["parent_id"]) == (send["trace_id"], send["span_id"])
+    assert process["attributes"]["reach.attempt"] == 2 and process["status"] == "OK"
+    assert [e["name"] for e in process["events"]] == ["dispatch", "reclaim", "retry"]

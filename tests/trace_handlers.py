@@ -8,6 +8,7 @@ OpenTelemetry SDK in the worker, exporting every finished span to that file as a
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from typing import Any
@@ -47,7 +48,11 @@ def _own_span(name: str) -> Any:
 
 
 async def echo(ctx: TaskContext, payload: Any) -> Any:
-    """Async: records its context, in a span of its own; fails the first attempt when asked."""
+    """Async: records its context, in a span of its own; fails the first attempt when asked,
+    or hangs in it (for a test to kill the worker)."""
+    if isinstance(payload, dict) and payload.get("hang_first") and ctx.attempt == 1:
+        _record(ctx)
+        await asyncio.sleep(600)
     span = _own_span("handler async")
     if span is None:
         return _work(ctx, payload)

@@ -129,8 +129,9 @@ class ReachClient:
         """Queue a task for whichever agent serves `capability`.
 
         The options (SubmitOptions, or the same as keywords: priority, session_id, region,
-        region_strict, version, idempotency_key, timeout_s, deadline_s, max_attempts, trace_id,
-        metadata) say how it is to be run; BadInput before anything is written.
+        region_strict, version, idempotency_key, timeout_s, deadline_s, max_attempts, traceparent,
+        tracestate, trace_id, metadata, delay_s, at) say how it is to be run; BadInput before
+        anything is written. With OpenTelemetry set up, a `send {capability}` span wraps it.
         """
         chosen = options_of(options, fields)
         otel = otel_api.loaded()
