@@ -3,6 +3,7 @@ OpenTelemetry on its own."""
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -137,17 +138,37 @@ def test_an_inbox_entry_carries_the_stored_trace_to_the_agent() -> None:
     assert bare is not None and len(bare.trace_context().traceparent) == 55  # (a corrupt record)
 
 
+PACKAGES = ("broker", "agent_worker", "dispatcher", "dlq_tools", "reach_cli", "gateway")
+
+
+def test_no_module_of_reach_imports_opentelemetry_at_import_time() -> None:
+    # (only inside the functions that run once a process uses it: broker/infra/otel.py,
+    # agent_worker/tracing.py, broker/client/tracing.py)
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            for node in ast.parse(path.read_text()).body:
+                names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+                assert not any(n.split(".")[0] == "opentelemetry" for n in names), path
+
+
 @pytest.mark.parametrize("setup", [
-    "",  # opentelemetry installed or not: importing Reach loads none of it
+    "",
     "import broker.client.sync, agent_worker.attempts, agent_worker.tracing, gateway.api.tasks",
 ])
-def test_reach_never_imports_opentelemetry_on_its_own(setup: str) -> None:
-    code = (f"import broker, agent_worker, dispatcher, dlq_tools\n{setup}\n"
+def test_importing_reach_loads_no_opentelemetry_of_its_own(setup: str) -> None:
+    # (redis-py 8 and FastAPI load OpenTelemetry's API themselves when it is installed: what
+    # they load is the baseline; Reach must load nothing more, and set up no tracer provider.)
+    code = ("import sys\nimport redis, fastapi, fastapi.applications, httpx, uvicorn\n"
+            "before = {m for m in sys.modules if m.startswith('opentelemetry')}\n"
+            f"import broker, agent_worker, dispatcher, dlq_tools\n{setup}\n"
             "from broker.protocol.submit import build_submit_request\n"
             "from broker.settings import Settings\n"
             "build_submit_request(Settings(), 'cap', {}, None)\n"
-            "import sys\nloaded = sorted(m for m in sys.modules if m.startswith('opentelemetry'))\n"
-            "assert not loaded, loaded\n")
+            "loaded = sorted(m for m in sys.modules if m.startswith('opentelemetry') and m not in before)\n"
+            "assert not loaded, loaded\n"
+            "t = sys.modules.get('opentelemetry.trace')\n"
+            "assert t is None or isinstance(t.get_tracer_provider(), t.ProxyTracerProvider)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     done = subprocess.run([sys.executable, "-c", code], env=env, cwd=ROOT, capture_output=True,
                           text=True, timeout=60)

@@ -21,11 +21,10 @@ from typing import Any, Unpack
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story, message_is_terminal
 from broker.client.listener import TaskListener
-from broker.client.tracing import send_span
+from broker.client.tracing import producer_side, send_span
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import split_task_id
 from broker.infra import connection, outages
-from broker.infra import otel as otel_api
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
 from broker.ops.cancel import CANCEL_FOLLOWS
@@ -101,8 +100,7 @@ class AsyncReachClient:
                      **fields: Unpack[SubmitFields]) -> AsyncTaskHandle:
         """Queue a task (see ReachClient.submit). Its waits follow the task's channel on the
         client's one pub/sub connection, so the outcome is not pushed to a done list."""
-        chosen = options_of(options, fields)
-        otel = otel_api.loaded()
+        chosen, otel = producer_side(options_of(options, fields))
         if otel is not None:
             with send_span(otel, capability, chosen) as send:
                 (request,) = requests_for(self.settings, capability, [payload], send.options)
@@ -115,8 +113,7 @@ class AsyncReachClient:
     async def submit_many(self, capability: str, payloads: Iterable[Any],
                           options: SubmitOptions | None = None,
                           **fields: Unpack[SubmitFields]) -> list[AsyncTaskHandle]:
-        chosen, payloads = options_of(options, fields), list(payloads)
-        otel = otel_api.loaded()
+        (chosen, otel), payloads = producer_side(options_of(options, fields)), list(payloads)
         if otel is not None and payloads:
             with send_span(otel, capability, chosen, len(payloads)) as send:
                 requests = requests_for(self.settings, capability, payloads, send.options)

@@ -22,11 +22,10 @@ from typing import Any, Unpack
 
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story
-from broker.client.tracing import send_span
+from broker.client.tracing import producer_side, send_span
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
 from broker.infra import connection, outages
-from broker.infra import otel as otel_api
 from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.models import TaskEvent, TaskStatus
 from broker.ops import policy as policies
@@ -133,8 +132,7 @@ class ReachClient:
         tracestate, trace_id, metadata, delay_s, at) say how it is to be run; BadInput before
         anything is written. With OpenTelemetry set up, a `send {capability}` span wraps it.
         """
-        chosen = options_of(options, fields)
-        otel = otel_api.loaded()
+        chosen, otel = producer_side(options_of(options, fields))
         if otel is not None:
             with send_span(otel, capability, chosen) as send:
                 handle = self._submit_one(capability, payload, send.options)
@@ -156,8 +154,7 @@ class ReachClient:
         Every payload is validated before anything is written. If the queue fills up part-way,
         QueueFull is raised and its `.submitted` holds the handles of the tasks already queued.
         """
-        chosen, payloads = options_of(options, fields), list(payloads)
-        otel = otel_api.loaded()
+        (chosen, otel), payloads = producer_side(options_of(options, fields)), list(payloads)
         if otel is not None and payloads:
             with send_span(otel, capability, chosen, len(payloads)) as send:
                 handles = self._write(requests_for(self.settings, capability, payloads, send.options))
