@@ -11,6 +11,7 @@ from fastapi.responses import JSONResponse
 from broker.errors import QueueFull
 from broker.ids import split_task_id
 from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
+from broker.protocol.trace import MAX_TRACESTATE_LEN
 from gateway.apikeys import KeyRecord, Role
 from gateway.auth import credentials_of, require
 from gateway.errors import ApiError, from_library
@@ -47,6 +48,14 @@ Reader = Annotated[KeyRecord | None, Depends(require(Role.READER))]
 IDEMPOTENCY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
                       "description": "a repeated key returns the first task",
                       "schema": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_LEN}}
+TRACE_HEADERS = [
+    {"name": "traceparent", "in": "header", "required": False,
+     "description": "W3C trace context the tasks run in (as the `traceparent` field)",
+     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_LEN}},
+    {"name": "tracestate", "in": "header", "required": False,
+     "description": "W3C tracestate, with a traceparent",
+     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_TRACESTATE_LEN}},
+]
 
 
 def with_trace_headers(request: Request, body: TaskOptions, options: SubmitOptions) -> SubmitOptions:
@@ -78,7 +87,7 @@ def _new_state(body: SubmitBody | BatchBody) -> str:
 @router.post("/tasks", status_code=202, response_model=Submitted, summary="Submit a task",
              responses={202: {"description": "queued"}},
              openapi_extra={**openapi_body(SubmitBody), "security": [{"HTTPBearer": []}],
-                            "parameters": [IDEMPOTENCY_HEADER]})
+                            "parameters": [IDEMPOTENCY_HEADER, *TRACE_HEADERS]})
 async def submit(request: Request) -> JSONResponse:
     """Queue a task for a capability. With an `Idempotency-Key` header (or `idempotency_key`
     field), a repeated submit returns the first task (`created: false`)."""
@@ -104,7 +113,8 @@ async def submit(request: Request) -> JSONResponse:
 
 
 @batch_router.post("/tasks/batch", status_code=202, response_model=BatchSubmitted,
-                   summary=f"Submit up to {MAX_BATCH} tasks of one capability")
+                   summary=f"Submit up to {MAX_BATCH} tasks of one capability",
+                   openapi_extra={"parameters": TRACE_HEADERS})
 async def submit_batch(request: Request, body: BatchBody, _: Producer) -> JSONResponse:
     """The same options for every payload; one atomic write per 200 tasks. A full queue answers
     429 with the tasks queued before it filled (`error.queued`)."""
