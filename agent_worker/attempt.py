@@ -8,6 +8,7 @@ from typing import Any
 
 from agent_worker.binding import Binding
 from agent_worker.context import TaskContext
+from agent_worker.tracing import AttemptSpan
 from broker.infra import logs
 from broker.protocol.delivery import Lease
 
@@ -28,6 +29,8 @@ class Attempt:
     """When its execution timeout ends (event loop clock)."""
     abandoned: bool = False
     """Told to stop and still running STOP_WAIT_S later: reported, its lease left to lapse."""
+    span: AttemptSpan | None = None
+    """Its OpenTelemetry `process` span, when the process traces (agent_worker/tracing.py)."""
 
     @property
     def capability(self) -> str:

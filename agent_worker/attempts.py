@@ -27,8 +27,10 @@ from agent_worker.executor import AttemptEnd, run_attempt
 from agent_worker.metrics import WorkerMetrics
 from agent_worker.slots import Slots
 from agent_worker.stats import WorkerStats
+from agent_worker.tracing import start_process_span
 from broker import codec
 from broker.infra import logs
+from broker.infra import otel as otel_api
 from broker.models import Outcome, ms_to_datetime
 from broker.protocol.delivery import AcceptedTask, Lease
 from broker.protocol.reports import Completion
@@ -55,8 +57,9 @@ class Attempts:
                  threads: Executor, sink: AttemptSink, progress: ProgressSink,
                  tell_held: Callable[[], None], all_held: Callable[[], None],
                  retry_failures: Callable[[Binding], bool] | None = None, *,
-                 metrics: WorkerMetrics | None = None) -> None:
+                 metrics: WorkerMetrics | None = None, agent_id: str = "") -> None:
         self.settings = settings
+        self.agent_id = agent_id
         self.running = running
         self.slots = slots
         self.stats = stats
@@ -84,20 +87,28 @@ class Attempts:
             metadata = codec.loads(task.metadata) if task.metadata else {}
         except ValueError:
             metadata = {}
+        trace = task.trace_context()
+        otel = otel_api.loaded()
+        span = (start_process_span(otel, binding.capability, self.agent_id, task, trace)
+                if otel is not None and otel_api.spans_on(otel) else None)
+        run_trace = span.trace if span is not None else trace
         ctx = TaskContext(
             task_id=task.task_id, capability=binding.capability, attempt=task.attempt,
-            max_attempts=task.max_attempts, trace_id=task.trace_id,
+            max_attempts=task.max_attempts, trace_id=trace.trace_id,
             session_id=task.session_id or None, deadline=ms_to_datetime(task.deadline_at_ms),
             timeout_s=timeout_ms / 1000, metadata=metadata if isinstance(metadata, dict) else {},
+            traceparent=run_trace.traceparent, tracestate=run_trace.tracestate,
             _sink=self.progress, _loop=loop,
         )
         attempt = Attempt(binding, Lease(task.entry_id, task.local_id, task.fence), ctx,
-                          deadline=loop.time() + ctx.timeout_s)
+                          deadline=loop.time() + ctx.timeout_s, span=span)
         self.running.by_task[task.task_id] = attempt
         self.running.unreported.add(task.entry_id)
         if self.metrics is not None:
             self.metrics.started(binding.capability, task.local_id)
-        attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id)
+        # (with a span, the task runs with it current: the handler's spans are its children)
+        attempt.task = asyncio.create_task(self._run(attempt, task.payload), name=task.task_id,
+                                           context=span.run_context() if span else None)
         self._arm_timer(attempt.deadline)
         if not recorded:
             self.sink.started(attempt)
@@ -124,6 +135,8 @@ class Attempts:
                 self._hold_slot(ctx.task_id, end.still_running)
             else:
                 self.sink.slot_freed()
+            if attempt.span is not None and end is not None:
+                attempt.span.end(end.outcome, end.body)
         if attempt.abandoned:
             self.slots.held -= 1
             return  # (reported when it was given up; this late end changes nothing)

@@ -26,12 +26,18 @@ class TaskContext:
     attempt: int
     max_attempts: int
     trace_id: str
+    """The W3C trace id (32 hex) of the task's trace."""
     session_id: str | None
     deadline: datetime | None
     """When the whole task must have ended (from the producer's deadline_s), if any."""
     timeout_s: float
     """This attempt's execution timeout."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    traceparent: str = ""
+    """The W3C traceparent this attempt runs under: its `process` span's with OpenTelemetry
+    tracing on (so a downstream call is that span's child), else the task's. Send it (and
+    `tracestate`) on to whatever the handler calls."""
+    tracestate: str = ""
     _sink: ProgressSink | None = field(default=None, repr=False)
     _loop: asyncio.AbstractEventLoop | None = field(default=None, repr=False)
     _cancelled: bool = field(default=False, repr=False)

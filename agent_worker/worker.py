@@ -139,7 +139,8 @@ class Worker:
         self.attempts = Attempts(
             settings, self.running, self.slots, self.stats, self._threads, self.reporter,
             self.reporter.progress, self.session.heartbeat.beat_now, self._all_held,
-            lambda b: self.policy.retry_failures(b.capability, b.retry_failures), metrics=self.metrics)
+            lambda b: self.policy.retry_failures(b.capability, b.retry_failures), metrics=self.metrics,
+            agent_id=self.agent_id)
         self.inboxes = Inboxes(settings, self.session, self.redis, scripts, self.bindings, self.slots,
                                self.running, recover, self.attempts.start)
         self.renewer = Renewer(settings, self.session, scripts, self.running)

@@ -39,6 +39,8 @@ from broker.settings import Settings
 CAP = "bsearch"
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = 15
+NEEDLE_TRACE = "0e0d1e00000000000000000000007ace"
+"""The trace id of the one task the trace search looks for (a W3C trace id: 32 hex)."""
 
 
 async def handle(ctx: TaskContext, payload: Any) -> Any:
@@ -66,7 +68,7 @@ def fill(client: ReachClient, settings: Settings, n: int) -> dict[str, Any]:
     for start in range(0, n, 1000):
         payloads = [{"i": i, "fail": i % 50 == 7} for i in range(start, min(n, start + 1000))]
         client.submit_many(CAP, payloads)
-    needle = client.submit(CAP, {"i": -1}, SubmitOptions(trace_id="needle-trace")).task_id
+    needle = client.submit(CAP, {"i": -1}, SubmitOptions(trace_id=NEEDLE_TRACE)).task_id
     r = connection.sync_client(settings)
     keys = CapabilityKeys(settings.prefix, CAP)
     while r.zcard(keys.queue) or int(r.hget(keys.stats, "active") or 0) > 0:
@@ -98,7 +100,7 @@ QUERIES = [
     _q("scheduled", state=TaskState.SCHEDULED),
     _q("canceled", state=TaskState.CANCELED),
     _q("one agent's, newest 50", agent_id="bench-a"),
-    _q("one trace among all (one page)", trace_id="needle-trace"),
+    _q("one trace among all (one page)", trace_id=NEEDLE_TRACE),
 ]
 
 

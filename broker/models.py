@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from broker import codec
+from broker.protocol.trace import trace_id_of
 
 SCHEMA_VERSION = 1
 
@@ -109,6 +110,7 @@ class TaskStatus(BaseModel):
     session_id: str | None = None
     region: str | None = None
     trace_id: str | None = None
+    """The W3C trace id (32 hex) of the task's traceparent."""
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> TaskStatus:
@@ -130,7 +132,7 @@ class TaskStatus(BaseModel):
             error=record.get("error") or None,
             session_id=record.get("session_id") or None,
             region=record.get("region") or None,
-            trace_id=record.get("trace_id") or None,
+            trace_id=trace_id_of(record.get("trace")),
         )
 
     def cli_dict(self) -> dict[str, Any]:

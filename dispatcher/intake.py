@@ -4,7 +4,9 @@ The wire format, one stream entry per task (XADD <prefix>:{<cap>}:intake * field
 
     payload         JSON text (required)
     priority        0-9 (default 5)
-    session_id, region, idempotency_key, trace_id      text (optional)
+    session_id, region, idempotency_key                text (optional)
+    traceparent, tracestate                            W3C trace context (optional)
+    trace_id                                           a W3C trace id, 32 hex (optional)
     timeout_s, deadline_s                              seconds (optional)
     metadata        JSON object text (optional)
     max_attempts    1-100 (optional)
@@ -82,6 +84,8 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
         idempotency_key=fields.get("idempotency_key") or None,
         timeout_s=_number(fields, "timeout_s", float),
         deadline_s=_number(fields, "deadline_s", float),
+        traceparent=fields.get("traceparent") or None,
+        tracestate=fields.get("tracestate") or None,
         trace_id=fields.get("trace_id") or None,
         metadata=metadata,
         max_attempts=_number(fields, "max_attempts", int),

@@ -10,6 +10,7 @@ from typing import Any
 
 from broker.errors import BadInput, ReachError
 from broker.ids import check_capability
+from broker.protocol.trace import trace_id_of
 from dlq_tools.history import Attempt, attempts_from_history
 from dlq_tools.parsing import Ref, check_reason, iso_ms
 
@@ -177,7 +178,7 @@ class DeadLetterDetail:
     def cli_dict(self, now_ms: int) -> dict[str, Any]:
         out = self.letter.cli_dict(now_ms)
         out.update({
-            "trace_id": self.record.get("trace_id") or None,
+            "trace_id": trace_id_of(self.record.get("trace")),
             "envelope": self.envelope(),
             "payload": self.payload(),
             "payload_bytes": len(self.payload_text.encode()) if self.payload_text else 0,

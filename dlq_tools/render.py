@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from broker.protocol.trace import trace_id_of
 from dlq_tools.history import Attempt
 from dlq_tools.models import DeadLetter, DeadLetterDetail, Report
 from dlq_tools.parsing import human_age, iso_ms, one_line, short_time
@@ -59,7 +60,7 @@ def detail(console: Console, d: DeadLetterDetail, now_ms: int, full: bool) -> No
         ("attempts", str(letter.attempts)),
         ("last agent", letter.last_agent_id or "-"),
         ("dead at", f"{iso_ms(letter.dead_at_ms)} ({human_age(now_ms - letter.dead_at_ms)} ago)"),
-        ("trace id", d.record.get("trace_id") or "-"),
+        ("trace id", trace_id_of(d.record.get("trace")) or "-"),
     ]
     if letter.source:
         rows.append(("source", letter.source))

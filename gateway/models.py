@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, Stri
 
 from broker.ids import CAPABILITY_RE
 from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
+from broker.protocol.trace import MAX_TRACESTATE_LEN
 
 MAX_BATCH = 1000
 
@@ -37,7 +38,14 @@ class TaskOptions(BaseModel):
     timeout_s: Seconds | None = Field(None, gt=0, description="each attempt's execution timeout")
     deadline_s: Seconds | None = Field(None, gt=0, description="the whole task's budget from now")
     max_attempts: StrictInt | None = Field(None, ge=1, le=100)
-    trace_id: Label | None = Field(None, min_length=1, max_length=MAX_LABEL_LEN)
+    traceparent: Label | None = Field(
+        None, min_length=1, max_length=MAX_LABEL_LEN,
+        description="W3C traceparent the task runs in (or the `traceparent` header); default: a new trace",
+        examples=["00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"])
+    tracestate: Label | None = Field(None, min_length=1, max_length=MAX_TRACESTATE_LEN,
+                                     description="W3C tracestate (or the `tracestate` header)")
+    trace_id: Label | None = Field(None, min_length=1, max_length=MAX_LABEL_LEN,
+                                   description="a W3C trace id (32 hex) to start the task's trace in")
     metadata: dict[str, Any] | None = Field(None, description="handed to the handler as ctx.metadata")
     delay_s: Seconds | None = Field(None, gt=0, description="queue it after this many seconds")
     at: datetime | None = Field(None, description="queue it at this time (ISO 8601 with a zone)")

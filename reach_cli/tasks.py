@@ -32,10 +32,11 @@ from reach_cli.common import (
 
 
 def _show_status(status: TaskStatus, as_json: bool) -> None:
+    shown = status.cli_dict() | {"trace_id": status.trace_id}
     if as_json:
-        print_json(status.cli_dict())
+        print_json(shown)
         return
-    for key, value in status.cli_dict().items():
+    for key, value in shown.items():
         if value is not None:
             console.print(f"[bold]{key:>12}[/bold]  {value}")
 
@@ -52,7 +53,9 @@ def submit(
     idempotency_key: Annotated[str | None, typer.Option()] = None,
     timeout_s: Annotated[float | None, typer.Option(help="Per-attempt execution timeout")] = None,
     deadline_s: Annotated[float | None, typer.Option(help="Whole-task deadline from now")] = None,
-    trace_id: Annotated[str | None, typer.Option()] = None,
+    traceparent: Annotated[str | None, typer.Option(help="W3C traceparent to run the task in")] = None,
+    tracestate: Annotated[str | None, typer.Option(help="W3C tracestate (with --traceparent)")] = None,
+    trace_id: Annotated[str | None, typer.Option(help="W3C trace id (32 hex) for a new traceparent")] = None,
     metadata: Annotated[str | None, typer.Option(help="JSON object")] = None,
     delay: Annotated[str | None, typer.Option(help="Queue it after this long, e.g. 30s")] = None,
     at: Annotated[str | None, typer.Option(help="Queue it at this time (ISO 8601 with a zone)")] = None,
@@ -65,7 +68,8 @@ def submit(
     meta = parse_json(metadata, "--metadata") if metadata is not None else None
     options = SubmitOptions(
         priority=priority, session_id=session_id, region=region, idempotency_key=idempotency_key,
-        timeout_s=timeout_s, deadline_s=deadline_s, trace_id=trace_id, metadata=meta,
+        timeout_s=timeout_s, deadline_s=deadline_s, traceparent=traceparent,
+        tracestate=tracestate, trace_id=trace_id, metadata=meta,
         delay_s=parse_duration_ms(delay, "--delay") / 1000 if delay else None,
         at=_aware(at) if at else None)
     settings = load_settings(config, redis_url)

@@ -163,7 +163,8 @@ def test_malformed_intake_entries_are_dead_lettered_not_crashing(
     r.xadd(ck.intake, {"payload": "[" * 5000 + "]" * 5000})  # (read with the good ones)
     raw = redis.Redis.from_url(client.settings.redis_url)
     raw.xadd(ck.intake, {b"payload": b'"\xff\xfe"'})
-    r.xadd(ck.intake, {"payload": json.dumps({"n": 7}), "priority": "8", "trace_id": "t-1"})
+    r.xadd(ck.intake, {"payload": json.dumps({"n": 7}), "priority": "8",
+                         "traceparent": "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"})
     r.sadd(f"{prefix}:{{_registry}}:capabilities", "raw")
     dispatcher = fleet.dispatcher()
     fleet.worker("raw", handler="tests.handlers:record")

@@ -91,7 +91,8 @@ def test_an_agent_going_offline_shows_without_a_reload(browser: Any, stack: Cons
 
 def test_find_a_task_by_id_and_by_state_and_read_its_timeline(browser: Any, stack: ConsoleStack) -> None:
     hostile = "<script>window.__xss = 1</script><img src=x onerror='window.__xss = 2'>"
-    good = stack.client.submit(CAP, {"steps": 2, "note": hostile}, trace_id="trace-web").task_id
+    good = stack.client.submit(CAP, {"steps": 2, "note": hostile},
+                               trace_id="7ace0000000000000000000000000eb0").task_id
     bad = stack.client.submit(CAP, {"invalid": hostile}).task_id
     for task_id in (good, bad):
         wait_until(lambda t=task_id: stack.client.status(t).state.terminal, message=f"{task_id} ends")

@@ -216,7 +216,7 @@ def test_failures_of_every_kind_are_listed_filtered_shown_and_counted(
         assert [(a.attempt, a.agent_id, a.outcome) for a in detail.attempt_history] == [
             (1, worker.agent_id, "retryable_failure"), (2, worker.agent_id, "retries_exhausted")]
         assert all(a.started_at_ms and a.ended_at_ms for a in detail.attempt_history)
-        assert detail.record["trace_id"] == handles["retry"].status().trace_id
+        assert detail.record["trace"][3:35] == handles["retry"].status().trace_id
         assert d.get(handles["invalid"].task_id).letter.error == "InvalidRequest: task 1 lacks a field"
         malformed = d.list(Filter(reason="malformed")).items[0]
         assert malformed.task_id is None

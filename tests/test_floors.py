@@ -14,7 +14,8 @@ def declared_floors() -> dict[str, str]:
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     floors = {}
     extras = project["optional-dependencies"]
-    for requirement in [*project["dependencies"], *extras["test"], *extras["a2a"], *extras["mcp"]]:
+    for requirement in [*project["dependencies"], *extras["test"], *extras["a2a"], *extras["mcp"],
+                        *extras["otel"]]:
         match = REQUIREMENT.match(requirement)
         assert match, f"{requirement!r} declares no floor (name>=version)"
         floors[match["name"].lower()] = match["floor"]

@@ -245,7 +245,7 @@ def _json_log_run(fleet: Fleet, settings: Settings, password: str, sync: bool) -
     assert any(e["message"].startswith("handling") and e["logger"] == "tests.handler" for e in about)
     for entry in about:
         assert {"trace_id", "capability", "attempt", "agent_id"} <= set(entry), entry
-        assert re.fullmatch(r"[0-9a-f]{16}", entry["trace_id"]), entry
+        assert re.fullmatch(r"[0-9a-f]{32}", entry["trace_id"]), entry
     everything = "\n".join("\n".join(text) for text in lines.values())
     assert password not in everything
     assert len(shas) >= 2

@@ -24,6 +24,10 @@ from tests.conftest import ROOT, Fleet, settings_env, wait_until
 
 pytestmark = pytest.mark.one_redis
 
+TRACE_OK = "0000000000000000000000000000a0c0"
+TRACE_BAD = "00000000000000000000000000000bad"
+NEEDLE = "0123456789abcdef0123456789abcdef"
+
 
 def _ids(page: Any) -> list[str]:
     return [t.task_id for t in page.tasks]
@@ -62,8 +66,8 @@ def test_each_state_is_found_where_it_lives(fleet: Fleet, client: ReachClient, s
                                             r: Any) -> None:
     fleet.dispatcher()
     worker = fleet.worker("srchw", handler="tests.gateway_handlers:work", concurrency=2)
-    ok = [client.submit("srchw", {"n": i}, trace_id="trace-ok").task_id for i in range(5)]
-    bad = client.submit("srchw", {"invalid": "no"}, trace_id="trace-bad").task_id
+    ok = [client.submit("srchw", {"n": i}, trace_id=TRACE_OK).task_id for i in range(5)]
+    bad = client.submit("srchw", {"invalid": "no"}, trace_id=TRACE_BAD).task_id
     running = client.submit("srchw", {"sleep": 30}).task_id
     for task_id in [*ok, bad]:
         wait_until(lambda t=task_id: client.status(t).state.terminal, message=f"{task_id} ended")
@@ -84,11 +88,11 @@ def test_each_state_is_found_where_it_lives(fleet: Fleet, client: ReachClient, s
     assert find(state=TaskState.CANCELED) == [canceled]
     assert find(state=TaskState.CANCELED, capability="srchw") == []
     assert find(agent_id=worker.agent_id, state=TaskState.SUCCEEDED, limit=2) == list(reversed(ok))[:2]
-    assert find(trace_id="trace-bad") == [bad]
+    assert find(trace_id=TRACE_BAD) == [bad]
     assert find(agent_id="nobody-ran-these") == []
     assert find(since_ms=60_000, capability="srchnobody") == [canceled, queued]
     row = search_tasks(r, settings, TaskQuery(state=TaskState.FAILED)).as_dict()["tasks"][0]
-    assert (row["task_id"], row["reason"], row["trace_id"]) == (bad, "invalid_request", "trace-bad")
+    assert (row["task_id"], row["reason"], row["trace_id"]) == (bad, "invalid_request", TRACE_BAD)
 
     # A replayed dead letter leaves the failed ones and comes first again.
     with DeadLetters(settings) as dlq:
@@ -101,14 +105,14 @@ def test_each_state_is_found_where_it_lives(fleet: Fleet, client: ReachClient, s
 
 def test_a_sparse_filter_reads_a_bounded_page_and_goes_on(client: ReachClient, settings: Settings,
                                                           r: Any) -> None:
-    needle = client.submit("srchs", {"i": -1}, trace_id="needle").task_id
+    needle = client.submit("srchs", {"i": -1}, trace_id=NEEDLE).task_id
     client.submit_many("srchs", [{"i": i} for i in range(400)])
-    page = search_tasks(r, settings, TaskQuery(capability="srchs", trace_id="needle"), budget=150)
+    page = search_tasks(r, settings, TaskQuery(capability="srchs", trace_id=NEEDLE), budget=150)
     assert page.tasks == [] and page.scanned == 150 and page.next_cursor is not None
-    found, pages = _all_pages(r, settings, TaskQuery(capability="srchs", trace_id="needle"), budget=150)
+    found, pages = _all_pages(r, settings, TaskQuery(capability="srchs", trace_id=NEEDLE), budget=150)
     assert found == [needle] and pages == 3
     # The library's follow-every-page answer (the CLI's) finds it in one call.
-    assert _ids(find_tasks(r, settings, TaskQuery(capability="srchs", trace_id="needle"))) == [needle]
+    assert _ids(find_tasks(r, settings, TaskQuery(capability="srchs", trace_id=NEEDLE))) == [needle]
 
 
 def test_records_that_expired_are_skipped_and_pruning_drops_old_entries(

@@ -243,7 +243,7 @@ def test_compact_events_read_back_as_task_events() -> None:
     assert TaskEvent.from_compact(1, "queued|1|0||{}", "cap:ID", None).agent_id is None
     with pytest.raises(ValueError):
         TaskEvent.from_compact(1, "not an event", "cap:ID", None)
-    record = {"id": "cap:ID", "trace_id": "t", "seq": "2", "e:2": "succeeded|5|1|w|{}",
+    record = {"id": "cap:ID", "trace": "t", "seq": "2", "e:2": "succeeded|5|1|w|{}",
               "e:1": "queued|4|0||{}", "e:x": "junk", "state": "succeeded"}
     assert [e.type for e in events_of_record(record, "cap:ID")] == ["queued", "succeeded"]
     assert message_is_terminal('7|succeeded|5|1|w|{}') and not message_is_terminal('2|dispatched|5|0|w|{}')

@@ -5,8 +5,9 @@ For each attempt the worker POSTs JSON
     {"task_id", "capability", "attempt", "trace_id", "session_id", "metadata", "payload"}
 
 with the headers X-Reach-Task-Id, X-Reach-Attempt, X-Reach-Deadline (when this attempt must
-end, RFC 3339 UTC), X-Reach-Trace-Id, the user's `--http-header`s and, when the worker has a
-callback URL, X-Reach-Callback-Url and X-Reach-Callback-Token. The agent answers
+end, RFC 3339 UTC), X-Reach-Trace-Id, the attempt's W3C `traceparent` (and `tracestate`: see
+TaskContext.traceparent), the user's `--http-header`s and, when the worker has a callback URL,
+X-Reach-Callback-Url and X-Reach-Callback-Token. The agent answers
 
 - JSON: the outcome (outcome.py: its business `status` first, else the HTTP status);
 - `application/x-ndjson` or `text/event-stream`: progress lines, then the outcome (stream.py);
@@ -41,8 +42,12 @@ ACCEPT = "application/json, application/x-ndjson, text/event-stream"
 
 
 def trace_headers(ctx: TaskContext) -> dict[str, str]:
-    """Trace context for the agent (`traceparent`): none yet; the observability work fills it."""
-    return {}
+    """The attempt's W3C trace context, for the agent to continue the trace."""
+    if not ctx.traceparent:
+        return {}
+    if ctx.tracestate:
+        return {"traceparent": ctx.traceparent, "tracestate": ctx.tracestate}
+    return {"traceparent": ctx.traceparent}
 
 
 class HttpAgent:

@@ -24,6 +24,7 @@ from broker.acl import denied, is_permission_error
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story, message_is_terminal
 from broker.client.listener import TaskListener
+from broker.client.tracing import producer_side, send_span
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import split_task_id
 from broker.infra import connection, outages
@@ -32,7 +33,14 @@ from broker.models import TaskEvent, TaskStatus
 from broker.ops.cancel import CANCEL_FOLLOWS
 from broker.protocol import lifecycle
 from broker.protocol.calls import Status
-from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
+from broker.protocol.submit import (
+    SubmitFields,
+    SubmitOptions,
+    SubmitRequest,
+    options_of,
+    parse_submit,
+    submit_call,
+)
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 
@@ -95,13 +103,27 @@ class AsyncReachClient:
                      **fields: Unpack[SubmitFields]) -> AsyncTaskHandle:
         """Queue a task (see ReachClient.submit). Its waits follow the task's channel on the
         client's one pub/sub connection, so the outcome is not pushed to a done list."""
-        (request,) = requests_for(self.settings, capability, [payload], options, fields)
+        chosen, otel = producer_side(options_of(options, fields))
+        if otel is not None:
+            with send_span(otel, capability, chosen) as send:
+                (request,) = requests_for(self.settings, capability, [payload], send.options)
+                handle = (await self._write([request]))[0]
+                send.sent([handle.task_id])
+                return handle
+        (request,) = requests_for(self.settings, capability, [payload], chosen)
         return (await self._write([request]))[0]
 
     async def submit_many(self, capability: str, payloads: Iterable[Any],
                           options: SubmitOptions | None = None,
                           **fields: Unpack[SubmitFields]) -> list[AsyncTaskHandle]:
-        requests = requests_for(self.settings, capability, payloads, options, fields)
+        (chosen, otel), payloads = producer_side(options_of(options, fields)), list(payloads)
+        if otel is not None and payloads:
+            with send_span(otel, capability, chosen, len(payloads)) as send:
+                requests = requests_for(self.settings, capability, payloads, send.options)
+                handles = await self._write(requests)
+                send.sent([h.task_id for h in handles])
+                return handles
+        requests = requests_for(self.settings, capability, payloads, chosen)
         return await self._write(requests) if requests else []
 
     async def run(self, capability: str, payload: Any, options: SubmitOptions | None = None, *,

@@ -13,13 +13,7 @@ from broker.ids import split_task_id
 from broker.keys import CapabilityKeys
 from broker.policy import fields_set
 from broker.protocol.packed_policy import FleetItems, fleet_items
-from broker.protocol.submit import (
-    SubmitFields,
-    SubmitOptions,
-    SubmitRequest,
-    build_submit_request,
-    options_of,
-)
+from broker.protocol.submit import SubmitOptions, SubmitRequest, build_submit_request
 from broker.settings import Settings
 
 log = logging.getLogger("reach.client")
@@ -29,11 +23,9 @@ SUBMIT_BATCH = 200
 
 
 def requests_for(settings: Settings, capability: str, payloads: Iterable[Any],
-                 options: SubmitOptions | None, fields: SubmitFields,
-                 wait: bool = False) -> list[SubmitRequest]:
+                 options: SubmitOptions, wait: bool = False) -> list[SubmitRequest]:
     """Every payload validated (BadInput before anything is written), as requests."""
-    chosen = options_of(options, fields)
-    return [build_submit_request(settings, capability, payload, chosen, wait=wait)
+    return [build_submit_request(settings, capability, payload, options, wait=wait)
             for payload in payloads]
 
 

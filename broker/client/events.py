@@ -8,6 +8,7 @@ from typing import Any
 from broker import codec
 from broker.infra.connection import SyncRedis
 from broker.models import TERMINAL_EVENTS, TaskEvent
+from broker.protocol.trace import trace_id_of
 
 TERMINAL_STATES = frozenset({"succeeded", "failed", "canceled"})
 
@@ -38,7 +39,7 @@ def read_events(client: SyncRedis, task_key: str, task_id: str) -> list[TaskEven
 def events_of_record(record: dict[str, str], task_id: str) -> list[TaskEvent]:
     """The events a task record holds, in order."""
     out = []
-    trace_id = record.get("trace_id")
+    trace_id = trace_id_of(record.get("trace"))
     for name, text in record.items():
         if name.startswith("e:") and name[2:].isdigit():
             try:

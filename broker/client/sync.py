@@ -25,6 +25,7 @@ import redis
 from broker.acl import denied, is_permission_error
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
 from broker.client.events import TERMINAL_STATES, event_ends_story
+from broker.client.tracing import producer_side, send_span
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
 from broker.infra import connection, outages
@@ -38,7 +39,14 @@ from broker.protocol import lifecycle
 from broker.protocol.calls import Status
 from broker.protocol.packed_policy import FleetItems
 from broker.protocol.policy import Change
-from broker.protocol.submit import SubmitFields, SubmitOptions, SubmitRequest, parse_submit, submit_call
+from broker.protocol.submit import (
+    SubmitFields,
+    SubmitOptions,
+    SubmitRequest,
+    options_of,
+    parse_submit,
+    submit_call,
+)
 from broker.registry import clock_of
 from broker.schedule import Schedule
 from broker.scripts import Scripts
@@ -123,12 +131,22 @@ class ReachClient:
         """Queue a task for whichever agent serves `capability`.
 
         The options (SubmitOptions, or the same as keywords: priority, session_id, region,
-        region_strict, version, idempotency_key, timeout_s, deadline_s, max_attempts, trace_id,
-        metadata) say how it is to be run; BadInput before anything is written.
+        region_strict, version, idempotency_key, timeout_s, deadline_s, max_attempts, traceparent,
+        tracestate, trace_id, metadata, delay_s, at) say how it is to be run; BadInput before
+        anything is written. With OpenTelemetry set up, a `send {capability}` span wraps it.
         """
+        chosen, otel = producer_side(options_of(options, fields))
+        if otel is not None:
+            with send_span(otel, capability, chosen) as send:
+                handle = self._submit_one(capability, payload, send.options)
+                send.sent([handle.task_id])
+                return handle
+        return self._submit_one(capability, payload, chosen)
+
+    def _submit_one(self, capability: str, payload: Any, options: SubmitOptions) -> TaskHandle:
         # (A task submitted alone is usually waited for: its outcome is pushed to its done list,
         # so that result() blocks at once; submit_many leaves that to result().)
-        (request,) = requests_for(self.settings, capability, [payload], options, fields, wait=True)
+        (request,) = requests_for(self.settings, capability, [payload], options, wait=True)
         return self._write([request])[0]
 
     def submit_many(self, capability: str, payloads: Iterable[Any],
@@ -139,7 +157,13 @@ class ReachClient:
         Every payload is validated before anything is written. If the queue fills up part-way,
         QueueFull is raised and its `.submitted` holds the handles of the tasks already queued.
         """
-        requests = requests_for(self.settings, capability, payloads, options, fields)
+        (chosen, otel), payloads = producer_side(options_of(options, fields)), list(payloads)
+        if otel is not None and payloads:
+            with send_span(otel, capability, chosen, len(payloads)) as send:
+                handles = self._write(requests_for(self.settings, capability, payloads, send.options))
+                send.sent([h.task_id for h in handles])
+                return handles
+        requests = requests_for(self.settings, capability, payloads, chosen)
         return self._write(requests) if requests else []
 
     def run(self, capability: str, payload: Any, options: SubmitOptions | None = None, *,

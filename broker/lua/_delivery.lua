@@ -14,13 +14,13 @@ end
 
 -- What an inbox entry carries besides the task's local id (`id`) and fence (`fence`), so that
 -- the agent can start the task as soon as it reads it: `p` the payload and `x` the rest, packed
--- as `attempt|timeout ms|deadline at|max attempts|trace id|session id|metadata` (metadata last:
+-- as `attempt|timeout ms|deadline at|max attempts|trace|session id|metadata` (metadata last:
 -- it may hold '|'). Parsed by broker/protocol/delivery.py (parse_entry). A payload over
 -- INBOX_PAYLOAD_MAX is left out: the agent then accepts the task first, which reads the record.
 local INBOX_PAYLOAD_MAX = 16384
 -- The record fields deliver() needs, in the order it reads them (f[1] state ... f[13]).
 local DELIVERY_FIELDS = {'state', 'fence', 'seq', 'attempt', 'w', 'id', 'deadline_at', 'payload',
-                         'timeout_ms', 'trace_id', 'session_id', 'metadata', 'max_attempts'}
+                         'timeout_ms', 'trace', 'session_id', 'metadata', 'max_attempts'}
 
 -- A task's own setting (a record field the producer gave), else the policy's (both as text).
 local function own_or(value, policy_value)

@@ -84,6 +84,13 @@ local function flush_feed(c)
   end
 end
 
+-- The trace id in a record's `trace` field (its traceparent's, characters 4 to 35: see
+-- broker/protocol/trace.py), '' when it holds none.
+local function trace_id_of(trace)
+  if not trace or #trace < 55 then return '' end
+  return string.sub(trace, 4, 35)
+end
+
 -- A compact event as the JSON object readers get (seq, type, task_id, attempt, agent_id,
 -- trace_id, time, data).
 local function event_json(seq, text, task_id, trace_id)

@@ -50,7 +50,7 @@ local function fail_task(c, t, dlq_key, reason, err, agent, now)
   local history = {}
   for seq = 1, tonumber(record['seq']) or 0 do
     if events[seq] then
-      history[#history + 1] = event_json(seq, events[seq], record['id'], record['trace_id'])
+      history[#history + 1] = event_json(seq, events[seq], record['id'], trace_id_of(record['trace']))
     end
   end
   redis.call('XADD', dlq_key, '*',

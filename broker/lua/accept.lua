@@ -12,7 +12,8 @@
 -- Returns {'refused'} for a bad token, else for each task 10 values: status ('ok', 'gone',
 -- 'stale', 'canceled', 'expired', 'failed', or 'done' when the task's result was stored
 -- already: the agent reported it before this record of its start), and for 'ok' when the agent
--- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace id, session id,
+-- waits (ARGV[6] '0'): payload, attempt, timeout ms, deadline at, trace context (the
+-- record's `trace`: broker/protocol/trace.py), session id,
 -- metadata, max attempts, task id ('' otherwise).
 local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 local inbox, agent = KEYS[1], ARGV[1]
@@ -29,7 +30,7 @@ local out = {}
 local token_sha = redis.sha1hex(ARGV[2])
 local names = {'state', 'fence', 'agent_id', 'deadline_at', 'accepted_by', 'max_attempts'}
 if not started then
-  for _, f in ipairs({'payload', 'timeout_ms', 'trace_id', 'session_id', 'metadata'}) do
+  for _, f in ipairs({'payload', 'timeout_ms', 'trace', 'session_id', 'metadata'}) do
     names[#names + 1] = f
   end
 end
@@ -37,7 +38,7 @@ end
 local function row(status, t)
   out[#out + 1] = status
   if status == 'ok' and not started then
-    local r = {t.payload, t.attempt, own_or(t.timeout_ms, policy().timeout_ms), t.deadline_at, t.trace_id,
+    local r = {t.payload, t.attempt, own_or(t.timeout_ms, policy().timeout_ms), t.deadline_at, t.trace,
                t.session_id, t.metadata, own_or(t.max_attempts, policy().max_attempts), t.id}
     for j = 1, 9 do out[#out + 1] = r[j] or '' end
   else

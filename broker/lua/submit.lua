@@ -13,7 +13,8 @@
 -- that plus the agent id a grant names, in this capability's slot)
 -- ARGV[7] the highest priority a grant for low-priority tasks only may take (cold_start_max_priority)
 -- ARGV[8] wake channel
--- then for task i: 7 values from ARGV[9+7i]: task id, local id, payload, priority, trace id,
+-- then for task i: 7 values from ARGV[9+7i]: task id, local id, payload, priority, trace
+--   context (the record's `trace`: traceparent[ tracestate], broker/protocol/trace.py),
 --   '1' when the producer will wait for the result (then the outcome is pushed to its done
 --   list), and its options: '' for none, else a JSON object of text values
 --   (broker/protocol/submit.py SubmitRequest.options_arg), any of: session_id, region,
@@ -57,7 +58,7 @@ local k = 13
 local indexed = {}  -- (score, local id) pairs: one ZADD for the whole call
 for i = 0, n - 1 do
   local a = 9 + 7 * i
-  local task_id, local_id, payload, priority_s, trace_id = ARGV[a], ARGV[a + 1], ARGV[a + 2],
+  local task_id, local_id, payload, priority_s, trace = ARGV[a], ARGV[a + 1], ARGV[a + 2],
     ARGV[a + 3], ARGV[a + 4]
   local o = ARGV[a + 6] == '' and NONE or cjson.decode(ARGV[a + 6])
   local session, region, idem, routing = o.session_id or '', o.region or '', o.idempotency_key or '',
@@ -81,7 +82,7 @@ for i = 0, n - 1 do
     local deadline_at = '0'
     if o.deadline_ms then deadline_at = jint(now + tonumber(o.deadline_ms)) end
     local h = {'v', '2', 'id', task_id, 'cap', cap, 'payload', payload, 'priority', priority_s,
-               'deadline_at', deadline_at, 'trace_id', trace_id, 'attempt', '0', 'fence', '0',
+               'deadline_at', deadline_at, 'trace', trace, 'attempt', '0', 'fence', '0',
                'created_at', now_s, 'queued_at', now_s}
     -- (options not given are left out of the record: a missing field reads as empty; the
     -- timeout and the attempts allowed then come from the policy when they matter)
@@ -118,7 +119,7 @@ for i = 0, n - 1 do
         local why = grant[3] .. '|grant|' .. grant[4] .. '|'  -- (see broker/protocol/grants.py)
         -- (the record as deliver() reads it: DELIVERY_FIELDS)
         local f = {'queued', '0', seq, '0', false, task_id, deadline_at, payload, o.timeout_ms,
-                   trace_id, session, o.metadata, o.max_attempts}
+                   trace, session, o.metadata, o.max_attempts}
         deliver(c, p, task_key, f, h, grant[2], grant[1], local_id, now_s, why, ',"direct":true')
         local before = loads[grant[1]]
         loads[grant[1]] = {grant[5] + 1, grant[6], (before and before[3] or 0) + 1}

@@ -6,10 +6,10 @@
 -- ARGV[1] 'outcome' (result waiters) or 'events' (event followers)   ARGV[2] the flag to set,
 -- 'd' or 'w'   ARGV[3] for 'events': return the events after this seq
 -- Returns {false} when the task does not exist, else for 'outcome' {state, result, reason,
--- error} (result only once succeeded) and for 'events' {state, trace id, seq, task id, then
+-- error} (result only once succeeded) and for 'events' {state, trace context (the record's `trace`), seq, task id, then
 -- the events after ARGV[3] as seq, text pairs (compact, see _events.lua), at most 1000}.
 local key, flag = KEYS[1], ARGV[2]
-local f = redis.call('HMGET', key, 'state', flag, 'trace_id', 'seq', 'id')
+local f = redis.call('HMGET', key, 'state', flag, 'trace', 'seq', 'id')
 local state = f[1]
 if not state then return {false} end
 if not f[2] and state ~= 'succeeded' and state ~= 'failed' and state ~= 'canceled' then

@@ -39,6 +39,7 @@ from broker.ops.task_sources import (
     walk_zset,
 )
 from broker.protocol.search import parse_task_rows, task_rows_call
+from broker.protocol.trace import trace_filter
 from broker.registry import clock_of
 from broker.scripts import Scripts
 from broker.settings import Settings
@@ -52,7 +53,7 @@ MAX_LABEL = 256
 
 ROW_FIELDS = ("id", "cap", "state", "priority", "attempt", "max_attempts", "agent_id", "created_at",
               "dispatched_at", "started_at", "finished_at", "deadline_at", "due_at", "reason",
-              "error", "session_id", "region", "trace_id")
+              "error", "session_id", "region", "trace")
 """What a task row shows: its record without payload, result or events."""
 
 _LIVE = {TaskState.QUEUED: "queue", TaskState.SCHEDULED: "delayed", TaskState.RETRYING: "delayed",
@@ -76,13 +77,16 @@ class TaskQuery:
             check_capability(self.capability)
         if not 1 <= self.limit <= MAX_LIMIT:
             raise BadInput(f"limit must be 1 to {MAX_LIMIT}, got {self.limit}")
-        for name, value in (("agent", self.agent_id), ("trace", self.trace_id)):
-            if value is not None and not 0 < len(value) <= MAX_LABEL:
-                raise BadInput(f"{name} must be 1 to {MAX_LABEL} characters")
+        if self.agent_id is not None and not 0 < len(self.agent_id) <= MAX_LABEL:
+            raise BadInput(f"agent must be 1 to {MAX_LABEL} characters")
         if self.since_ms is not None and self.since_ms <= 0:
             raise BadInput("since must be a positive duration")
         if self.cursor is not None:
             decode_cursor(self.cursor)
+        if self.trace_id is not None:
+            trace_id = trace_filter(self.trace_id, "trace")
+            if trace_id != self.trace_id:
+                return replace(self, trace_id=trace_id)
         return self
 
     def matches(self, status: TaskStatus) -> bool:

@@ -7,6 +7,7 @@ scores, the health hash) is defined and parsed once, in the module named for it:
 
     calls        ScriptCall, the status vocabulary, and what a refusal means
     submit       SubmitOptions (what producers may ask for), SubmitRequest, submit.lua
+    trace        a task's W3C trace context as its record keeps it (traceparent[ tracestate])
     queue_score  the ready queue's score: priority with aging (encoded in lua/_queue.lua)
     delivery     inbox entries; dispatch.lua, accept.lua, release.lua, reclaim.lua
     reports      an agent's reports: complete.lua, renew.lua, progress.lua

@@ -4,9 +4,10 @@ An inbox entry (written by deliver in lua/_delivery.lua) carries the task's loca
 the attempt's fencing token (`fence`) and, so that the agent can start the task the moment it
 reads it, `p` the payload and `x` the rest, packed as
 
-    <attempt>|<timeout ms>|<deadline at ms>|<max attempts>|<trace id>|<session id>|<metadata>
+    <attempt>|<timeout ms>|<deadline at ms>|<max attempts>|<trace>|<session id>|<metadata>
 
-(metadata last: it may hold '|'). An entry without `p` (a payload too large to ride along) is
+(metadata last: it may hold '|'; trace: the task's trace context as its record keeps it,
+broker/protocol/trace.py). An entry without `p` (a payload too large to ride along) is
 accepted first (accept.lua reads the record).
 """
 
@@ -21,6 +22,7 @@ from broker.keys import CapabilityKeys
 from broker.protocol.cache import cached
 from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
 from broker.protocol.packed_policy import policy_defaults
+from broker.protocol.trace import TraceContext, new_traceparent, parse_stored
 from broker.settings import Settings
 
 _MAX_MS = 253_402_300_799_999
@@ -48,10 +50,15 @@ class AcceptedTask:
     attempt: int
     timeout_ms: int
     deadline_at_ms: int
-    trace_id: str
+    trace: str
+    """The task's trace context as its record keeps it (see trace_context)."""
     session_id: str
     metadata: str
     max_attempts: int
+
+    def trace_context(self) -> TraceContext:
+        """Its trace context (a new trace for a record that holds none, or a corrupt one)."""
+        return parse_stored(self.trace) or TraceContext(new_traceparent())
 
 
 def parse_lease(entry_id: str, fields: dict[str, str] | None) -> Lease | None:
@@ -87,7 +94,7 @@ def parse_entry(capability: str, entry_id: str, fields: dict[str, str] | None) -
     return AcceptedTask(
         entry_id=entry_id, local_id=local, fence=fence, task_id=f"{capability}:{local}",
         payload=fields["p"], attempt=attempt, timeout_ms=timeout_ms, deadline_at_ms=deadline_at,
-        trace_id=packed[4], session_id=packed[5], metadata=packed[6], max_attempts=max_attempts,
+        trace=packed[4], session_id=packed[5], metadata=packed[6], max_attempts=max_attempts,
     )
 
 
@@ -218,7 +225,7 @@ def parse_accept(deliveries: Sequence[Lease], reply: list[Any]) -> AcceptReply:
         out.accepted.append(AcceptedTask(
             entry_id=d.entry_id, local_id=d.local_id, fence=d.fence, payload=row[1],
             attempt=int(row[2] or 1), timeout_ms=int(row[3] or 0), deadline_at_ms=int(row[4] or 0),
-            trace_id=row[5], session_id=row[6], metadata=row[7], max_attempts=int(row[8] or 1),
+            trace=row[5], session_id=row[6], metadata=row[7], max_attempts=int(row[8] or 1),
             task_id=row[9],
         ))
     return out

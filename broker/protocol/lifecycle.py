@@ -14,6 +14,7 @@ from broker.keys import CapabilityKeys, Channels
 from broker.models import TaskEvent
 from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
 from broker.protocol.packed_policy import policy_defaults
+from broker.protocol.trace import trace_id_of
 from broker.settings import Settings
 
 # -- cancel.lua --------------------------------------------------------------------------------
@@ -100,7 +101,7 @@ def parse_events(reply: Sequence[Any]) -> tuple[str | None, int, list[TaskEvent]
     state None when the task does not exist. Entries that do not parse are skipped."""
     if not task_exists(reply):
         return None, 0, []
-    state, trace_id, seq, task_id = reply[0], reply[1], int(reply[2]), reply[3]
+    state, trace_id, seq, task_id = reply[0], trace_id_of(reply[1]), int(reply[2]), reply[3]
     events = []
     for i in range(4, len(reply) - 1, 2):
         try:

@@ -9,7 +9,6 @@ encoded) or raises the specific BadInput. SubmitFields is the same fields as key
 from __future__ import annotations
 
 import json
-import secrets
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -23,6 +22,7 @@ from broker.keys import CapabilityKeys
 from broker.protocol.cache import cached
 from broker.protocol.calls import Arg, ScriptCall, Status, feed_args, wake_channel
 from broker.protocol.packed_policy import FleetItems, policy_defaults
+from broker.protocol.trace import given_trace, new_traceparent
 from broker.settings import Settings
 from broker.versions import parse_spec
 
@@ -53,7 +53,12 @@ class SubmitOptions:
     """The whole task's budget, from submit to a terminal state."""
     max_attempts: int | None = None
     """Overrides the capability's max_attempts for this task."""
+    traceparent: str | None = None
+    """The W3C trace context the task runs in (default: the current OpenTelemetry span's when
+    there is one, else a new trace)."""
+    tracestate: str | None = None
     trace_id: str | None = None
+    """A W3C trace id (32 hex) for a new traceparent in that trace (or the traceparent's own)."""
     metadata: dict[str, Any] | None = None
     """A JSON object handed to the handler as ctx.metadata."""
     delay_s: float | None = None
@@ -74,6 +79,8 @@ class SubmitFields(TypedDict, total=False):
     timeout_s: float | None
     deadline_s: float | None
     max_attempts: int | None
+    traceparent: str | None
+    tracestate: str | None
     trace_id: str | None
     metadata: dict[str, Any] | None
     delay_s: float | None
@@ -112,7 +119,8 @@ class SubmitRequest:
     timeout_ms: int = 0
     """0: the capability's policy decides."""
     deadline_ms: int = 0
-    trace_id: str = ""
+    trace: str = ""
+    """The task's trace context as the record stores it (broker/protocol/trace.py)."""
     metadata: str = ""
     max_attempts: int = 0
     """0: the capability's policy decides."""
@@ -196,6 +204,11 @@ def _start(options: SubmitOptions) -> tuple[int, int]:
     return _opt_seconds("delay_s", options.delay_s), 0
 
 
+def _trace(options: SubmitOptions) -> str:
+    given = given_trace(options.traceparent, options.tracestate, options.trace_id)
+    return new_traceparent() if given is None else given.stored()
+
+
 def build_submit_request(settings: Settings, capability: str, payload: Any,
                          options: SubmitOptions | None = None, *, intake_entry: str = "",
                          wait: bool = False) -> SubmitRequest:
@@ -222,7 +235,7 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
         idempotency_key=_opt_text("idempotency_key", options.idempotency_key),
         timeout_ms=_opt_seconds("timeout_s", options.timeout_s),
         deadline_ms=_opt_seconds("deadline_s", options.deadline_s),
-        trace_id=_opt_text("trace_id", options.trace_id) or secrets.token_hex(8),
+        trace=_trace(options),
         metadata=meta,
         max_attempts=options.max_attempts or 0,
         routing=_routing(options),
@@ -267,7 +280,7 @@ def submit_call(settings: Settings, requests: Sequence[SubmitRequest], fleet: Fl
         keys.append(frame.task_prefix + r.local_id)
         if r.idempotency_key:
             keys.append(frame.idempotency_prefix + r.idempotency_key)
-        args += [r.task_id, r.local_id, r.payload, r.priority, r.trace_id, "1" if r.wait else "",
+        args += [r.task_id, r.local_id, r.payload, r.priority, r.trace, "1" if r.wait else "",
                  r.options_arg()]
     return ScriptCall("submit", keys, args)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
@@ -9,7 +10,8 @@ from fastapi.responses import JSONResponse
 
 from broker.errors import QueueFull
 from broker.ids import split_task_id
-from broker.protocol.submit import MAX_LABEL_LEN
+from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
+from broker.protocol.trace import MAX_TRACESTATE_LEN
 from gateway.apikeys import KeyRecord, Role
 from gateway.auth import credentials_of, require
 from gateway.errors import ApiError, from_library
@@ -23,6 +25,7 @@ from gateway.models import (
     SubmitBody,
     Submitted,
     TaskJson,
+    TaskOptions,
     TaskResult,
 )
 from gateway.state import state_of
@@ -45,6 +48,28 @@ Reader = Annotated[KeyRecord | None, Depends(require(Role.READER))]
 IDEMPOTENCY_HEADER = {"name": "Idempotency-Key", "in": "header", "required": False,
                       "description": "a repeated key returns the first task",
                       "schema": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_LEN}}
+TRACE_HEADERS = [
+    {"name": "traceparent", "in": "header", "required": False,
+     "description": "W3C trace context the tasks run in (as the `traceparent` field)",
+     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_LABEL_LEN}},
+    {"name": "tracestate", "in": "header", "required": False,
+     "description": "W3C tracestate, with a traceparent",
+     "schema": {"type": "string", "minLength": 1, "maxLength": MAX_TRACESTATE_LEN}},
+]
+
+
+def with_trace_headers(request: Request, body: TaskOptions, options: SubmitOptions) -> SubmitOptions:
+    """The options with the request's W3C `traceparent`/`tracestate` headers (the library checks
+    them: a malformed one is a 422 naming it, and nothing is queued)."""
+    traceparent, tracestate = request.headers.get("traceparent"), request.headers.get("tracestate")
+    for name, header in (("traceparent", traceparent), ("tracestate", tracestate)):
+        if header is not None and getattr(body, name) not in (None, header):
+            raise ApiError(422, "invalid_request", f"the {name} header and the {name} field differ",
+                           field=name)
+    if traceparent is None and tracestate is None:
+        return options
+    return replace(options, traceparent=traceparent or options.traceparent,
+                   tracestate=tracestate or options.tracestate)
 
 
 def _task_id(task_id: str) -> str:
@@ -62,7 +87,7 @@ def _new_state(body: SubmitBody | BatchBody) -> str:
 @router.post("/tasks", status_code=202, response_model=Submitted, summary="Submit a task",
              responses={202: {"description": "queued"}},
              openapi_extra={**openapi_body(SubmitBody), "security": [{"HTTPBearer": []}],
-                            "parameters": [IDEMPOTENCY_HEADER]})
+                            "parameters": [IDEMPOTENCY_HEADER, *TRACE_HEADERS]})
 async def submit(request: Request) -> JSONResponse:
     """Queue a task for a capability. With an `Idempotency-Key` header (or `idempotency_key`
     field), a repeated submit returns the first task (`created: false`)."""
@@ -78,7 +103,8 @@ async def submit(request: Request) -> JSONResponse:
     if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
         raise ApiError(422, "invalid_request", "the Idempotency-Key header and the idempotency_key "
                        "field differ", field="idempotency_key")
-    handle = await gw.client.submit(body.capability, body.payload, body.options(idempotency_key))
+    options = with_trace_headers(request, body, body.options(idempotency_key))
+    handle = await gw.client.submit(body.capability, body.payload, options)
     state = _new_state(body)
     if not handle.created:
         state = (await gw.client.status(handle.task_id)).state.value
@@ -87,13 +113,15 @@ async def submit(request: Request) -> JSONResponse:
 
 
 @batch_router.post("/tasks/batch", status_code=202, response_model=BatchSubmitted,
-                   summary=f"Submit up to {MAX_BATCH} tasks of one capability")
+                   summary=f"Submit up to {MAX_BATCH} tasks of one capability",
+                   openapi_extra={"parameters": TRACE_HEADERS})
 async def submit_batch(request: Request, body: BatchBody, _: Producer) -> JSONResponse:
     """The same options for every payload; one atomic write per 200 tasks. A full queue answers
     429 with the tasks queued before it filled (`error.queued`)."""
     gw = state_of(request.app)
     try:
-        handles = await gw.client.submit_many(body.capability, body.payloads, body.options())
+        handles = await gw.client.submit_many(body.capability, body.payloads,
+                                              with_trace_headers(request, body, body.options()))
     except QueueFull as exc:
         mapped = from_library(exc)
         return JSONResponse({"error": {"code": mapped.code, "message": mapped.message,

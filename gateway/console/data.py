@@ -144,7 +144,7 @@ def task_detail(client: SyncRedis, settings: Settings, task_id: str) -> TaskDeta
         if text is None:
             continue
         try:
-            events.append(TaskEvent.from_compact(seq, text, task_id, record.get("trace_id")))
+            events.append(TaskEvent.from_compact(seq, text, task_id, status.trace_id))
         except ValueError:
             continue
     has_result = "result" in record
