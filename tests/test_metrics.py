@@ -227,8 +227,10 @@ def _json_log_run(fleet: Fleet, settings: Settings, password: str, sync: bool) -
         note_tokens()
         # The registry forgets the agent: its next calls are refused and it registers again.
         first = set(shas)
+        # (its record goes too: a live id's record would keep its id for the process holding it)
         r.hdel(ck.tokens, str(worker.agent_id))
-        r.hset(rk.agent(str(worker.agent_id)), "token_sha", "0" * 40)
+        r.delete(rk.agent(str(worker.agent_id)))
+        r.zrem(rk.agents, str(worker.agent_id))
         wait_until(lambda: (note_tokens(), shas - first)[1], timeout=30, message="registered again")
         assert client.run(cap, {"do": "ok", "n": 2}, timeout=30) == {"ok": 2}
     worker.signal(signal.SIGTERM)
