@@ -16,6 +16,7 @@ from broker.settings import Settings
 from gateway import console, errors, protocols
 from gateway.api import callbacks, events, fleet, search, tasks
 from gateway.apikeys import AuthMode
+from gateway.hot import HotRoutes
 from gateway.state import GatewayState, state_of
 
 API_VERSION = "1.0.0"
@@ -39,6 +40,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
                    callbacks.router):
         app.include_router(router)
     running = protocols.mount(app, app.state.gateway)
+    app.add_middleware(HotRoutes, gateway=app.state.gateway)  # (POST /v1/tasks, GET .../result)
 
     @app.get("/healthz", tags=["health"], summary="Whether this gateway can reach Redis")
     async def healthz(request: Request) -> JSONResponse:

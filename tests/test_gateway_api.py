@@ -115,6 +115,19 @@ def test_a_failed_task_answers_its_reason_and_an_unfinished_one_202(stack: Stack
     assert 0.4 < time.monotonic() - started < 5
 
 
+def test_the_wait_of_a_long_poll_is_checked_naming_it(stack: Stack) -> None:
+    task_id = stack.submit({"x": 1}, capability="gwnobody")
+    for wait in ("61", "-1", "nan", "inf", "1e400", "soon", ""):
+        reply = stack.http.get(f"/v1/tasks/{task_id}/result", params={"wait": wait})
+        assert reply.status_code == 422, (wait, reply.text)
+        error = reply.json()["error"]
+        assert error["field"] == "wait" and error["message"].startswith("wait: "), error
+    last = stack.http.get(f"/v1/tasks/{task_id}/result?wait=x&wait=0")  # (the last one counts)
+    assert last.status_code == 202 and last.json() == {"task_id": task_id, "state": "queued"}
+    assert stack.http.post(f"/v1/tasks/{task_id}/result").status_code == 405
+    assert stack.http.get("/v1/tasks/not-an-id/result").json()["error"]["field"] == "task_id"
+
+
 def test_cancel(stack: Stack) -> None:
     task_id = stack.submit({"x": 1}, capability="gwnobody")
     reply = stack.http.post(f"/v1/tasks/{task_id}/cancel")
