@@ -1,13 +1,15 @@
 """The two calls producers make most, answered before the web framework sees them: POST
 /v1/tasks and GET /v1/tasks/{id}/result.
 
-FastAPI's routing (past every console and protocol route), its parameters, dependencies and
-exception middleware cost a submit more CPU than the submit's own work (issue 25's benchmark,
-docs/benchmarks.md). HotRoutes, an ASGI middleware, answers these two requests itself with what
-the routes do: the body read within its limit (413), JSON only (415) and strict (400), the API
-key checked (401/403), the same pydantic model and constraints (a 422 naming the field), the same
-JSON errors. Any other request goes on to FastAPI, whose routes for these two stay in
-/openapi.json and call the same functions (submit_task, task_result) when one reaches them.
+FastAPI's routing (past every console and protocol route), its parameters, dependencies,
+middleware and telemetry checks cost a submit more CPU than the submit's own work (issue 25's
+benchmark, docs/benchmarks.md). The app (gateway/app.py) lets HotRoutes answer these two
+requests first, with what the routes do: the body read within its limit (413), JSON only (415)
+and strict (400), the API key checked (401/403), the same pydantic model and constraints (a 422
+naming the field), the same JSON errors. Any other request goes on to FastAPI, whose routes for
+these two stay in /openapi.json and call the same functions (submit_task, task_result) when one
+reaches them (an app served under a root_path). So FastAPI's own OpenTelemetry hooks do not see
+these two.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qsl
 
 from pydantic import Field, TypeAdapter, ValidationError
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from broker.ids import split_task_id
 from broker.protocol.submit import MAX_LABEL_LEN
@@ -78,22 +80,23 @@ async def task_result(gw: GatewayState, task_id: str, wait_s: float) -> tuple[in
 
 
 class HotRoutes:
-    def __init__(self, app: ASGIApp, gateway: GatewayState) -> None:
-        self.app = app
+    def __init__(self, gateway: GatewayState) -> None:
         self.gw = gateway
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not scope.get("root_path"):
-            path, method = scope["path"], scope["method"]
-            if path == SUBMIT_PATH and method == "POST":
-                await _answer(send, self._submit(scope, receive), "POST /v1/tasks")
-                return
-            if method == "GET" and path.startswith(_TASKS) and path.endswith(_RESULT):
-                task_id = path[len(_TASKS):-len(_RESULT)]
-                if task_id and "/" not in task_id:
-                    await _answer(send, self._result(scope, task_id), "GET /v1/tasks/{id}/result")
-                    return
-        await self.app(scope, receive, send)
+    async def answer(self, scope: Scope, receive: Receive, send: Send) -> bool:
+        """Answer the request if it is one of the two; False (and nothing done) if not."""
+        if scope["type"] != "http" or scope.get("root_path"):
+            return False
+        path, method = scope["path"], scope["method"]
+        if path == SUBMIT_PATH and method == "POST":
+            await _answer(send, self._submit(scope, receive), "POST /v1/tasks")
+            return True
+        if method == "GET" and path.startswith(_TASKS) and path.endswith(_RESULT):
+            task_id = path[len(_TASKS):-len(_RESULT)]
+            if task_id and "/" not in task_id:
+                await _answer(send, self._result(scope, task_id), "GET /v1/tasks/{id}/result")
+                return True
+        return False
 
     async def _submit(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
         headers = _headers(scope)

@@ -55,9 +55,15 @@ class ResultWaits:
         self.scripts = scripts
         self.listener = listener
         self._unwatching: set[asyncio.Task[None]] = set()
+        self._lane = scripts.lane()
+        """A kept connection for the reads (see broker/scripts.py's Lane; busy: a pooled one)."""
+
+    async def close(self) -> None:
+        await self._lane.close()
 
     async def read(self, task_id: str) -> Outcome:
-        reply = await self.scripts(lifecycle.watch_call(self.settings, task_id, "outcome", "w"))
+        (reply,) = await self.scripts.run_all([lifecycle.watch_call(self.settings, task_id, "outcome", "w")],
+                                              lane=self._lane)
         if not lifecycle.task_exists(reply):
             raise UnknownTask(task_id)
         state, result, reason, error = reply[:4]
