@@ -2,10 +2,10 @@
 
 A long-poll subscribes the task's channel on the gateway's one pub/sub connection (a write,
 not a round trip), then reads the outcome (watch.lua, which also makes the scripts publish the
-task's events from now on): a task that ended is answered at once, one that has not is answered
-by one more read after its terminal event (on a submit and its long-poll sent back to back,
-the common case, that is two reads where reading before subscribing took three). Unsubscribing
-never delays the answer. `wait=0` only reads.
+task's events from now on): a task that ended is answered at once, one that has not after one
+more read once its terminal event came (reading before subscribing, then again after it to close
+the gap, took three reads for a long-poll sent right after its submit). Unsubscribing never
+delays the answer. `wait=0` only reads.
 """
 
 from __future__ import annotations
