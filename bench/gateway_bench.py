@@ -1,10 +1,12 @@
 """The gateway's figures (issue 25), on the same Redis and processes as the Reach row:
 
 - submit: one client, one keep-alive connection, POST /v1/tasks one at a time, with no worker
-  running (as the table's enqueue figures): submits per second, one uvicorn process;
+  running (as the table's enqueue figures): submits per second, one uvicorn process, and the
+  CPU time the gateway and the client spent per submit. The client is bench/http1.py, a plain
+  socket (httpx would spend as much CPU per request as the gateway, on the same two cores);
 - round trip: POST /v1/tasks then GET /v1/tasks/{id}/result?wait=30 (long-poll), sequential,
-  against one echo worker and one dispatcher; its p50 beside the Python client's
-  submit(...).result() p50 in the same run, on the same processes;
+  with the same client against one echo worker and one dispatcher; its p50 beside the Python
+  client's submit(...).result() p50 in the same run, on the same processes;
 - SSE fan-out: `subscribers` streams of GET /v1/tasks/{id}/events at once on one gateway process,
   one task each, opened while the tasks wait; then a worker and a dispatcher run them. Every
   stream must receive every event of its task (sequence numbers 1..N, the terminal one last),
@@ -14,12 +16,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
 import httpx
 
 from bench.context import Bench
+from bench.http1 import KeepAlive
 from bench.procs import Proc, ProcessFailed
 from bench.rows.base import payload
 from bench.rows.reach import CAPABILITY, ReachRow
@@ -43,34 +47,53 @@ def start_gateway(bench: Bench, row: ReachRow) -> tuple[Proc, str]:
     return proc, url_file.read_text().strip()
 
 
+WARM_UP = 200
+"""Submits before the timed ones: the connection, the gateway's caches and its first code paths."""
+
+
+def _submit(http: KeepAlive, i: int) -> str:
+    status, body = http.post_json("/v1/tasks", {"capability": CAPABILITY, "payload": payload(i)})
+    if status != 202:
+        raise ProcessFailed(f"gateway submit answered {status}: {body[:200]!r}")
+    return str(json.loads(body)["task_id"])
+
+
 def submit_rate(url: str, n: int, gateway: Proc) -> dict[str, Any]:
-    """Also the gateway's CPU per submit: what one core could do, whatever else the machine runs."""
-    with httpx.Client(base_url=url, timeout=30) as http:
-        http.post("/v1/tasks", json={"capability": CAPABILITY, "payload": payload(-1)})  # (connected)
+    """Also the gateway's CPU per submit (what one core could do, whatever else the machine
+    runs) and the client's (bench/http1.py: it must not be what limits the rate)."""
+    with KeepAlive(url) as http:
+        for i in range(WARM_UP):
+            _submit(http, -1 - i)
         cpu = gateway.cpu_seconds() or 0.0
+        client_cpu = time.process_time()
         start = time.perf_counter()
         for i in range(n):
-            reply = http.post("/v1/tasks", json={"capability": CAPABILITY, "payload": payload(i)})
-            if reply.status_code != 202:
-                raise ProcessFailed(f"gateway submit answered {reply.status_code}: {reply.text[:200]}")
+            _submit(http, i)
         elapsed = time.perf_counter() - start
+        client_us = (time.process_time() - client_cpu) / n * 1e6
         cpu_us = ((gateway.cpu_seconds() or 0.0) - cpu) / n * 1e6
     return {"n": n, "seconds": round(elapsed, 3), "rate": round(n / elapsed, 1),
             "gateway_cpu_us_per_submit": round(cpu_us, 1),
-            "one_core_rate": round(1e6 / cpu_us, 1) if cpu_us > 0 else None}
+            "one_core_rate": round(1e6 / cpu_us, 1) if cpu_us > 0 else None,
+            "client_cpu_us_per_submit": round(client_us, 1)}
+
+
+RT_WARM_UP = 10
+"""Round trips before the timed ones: the gateway opens its pub/sub and kept connections (the
+Python client has connected before its own are timed)."""
 
 
 def http_round_trips(url: str, n: int) -> list[float]:
     out = []
-    with httpx.Client(base_url=url, timeout=60) as http:
-        for i in range(n):
+    with KeepAlive(url) as http:
+        for i in range(-RT_WARM_UP, n):
             start = time.perf_counter()
-            task_id = http.post("/v1/tasks", json={"capability": CAPABILITY, "payload": payload(i)}
-                                ).json()["task_id"]
-            done = http.get(f"/v1/tasks/{task_id}/result", params={"wait": 30})
-            out.append((time.perf_counter() - start) * 1000)
-            if done.status_code != 200 or done.json().get("state") != "succeeded":
-                raise ProcessFailed(f"gateway round trip ended {done.status_code}: {done.text[:200]}")
+            task_id = _submit(http, i)
+            status, body = http.get(f"/v1/tasks/{task_id}/result?wait=30")
+            if i >= 0:
+                out.append((time.perf_counter() - start) * 1000)
+            if status != 200 or json.loads(body).get("state") != "succeeded":
+                raise ProcessFailed(f"gateway round trip ended {status}: {body[:200]!r}")
     return out
 
 

@@ -92,7 +92,8 @@ def render(result: dict[str, Any]) -> str:
             sse = gw["sse"]
             out.append(f"| gateway: submits/s, one client over keep-alive, one uvicorn process | "
                        f"{fmt(gw['submit_per_s'])} (gateway CPU per submit "
-                       f"{fmt(gw.get('gateway_cpu_us_per_submit'))} µs) |")
+                       f"{fmt(gw.get('gateway_cpu_us_per_submit'))} µs, client's "
+                       f"{fmt(gw.get('client_cpu_us_per_submit'))} µs) |")
             out.append(f"| gateway: submit + long-poll result round trip p50 ms (Python client's) | "
                        f"{fmt(gw['http_round_trip_p50_ms'], 2)} ({fmt(gw['client_round_trip_p50_ms'], 2)}) |")
             out.append(f"| gateway: SSE subscribers on one process that got every event of their task | "

@@ -159,6 +159,8 @@ def reach_only_summary(extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, 
             "submit_per_s": median([g["submit"]["rate"] for g in gateway]),
             "gateway_cpu_us_per_submit": median([g["submit"].get("gateway_cpu_us_per_submit")
                                                  for g in gateway]),
+            "client_cpu_us_per_submit": median([g["submit"].get("client_cpu_us_per_submit")
+                                                for g in gateway]),
             "http_round_trip_p50_ms": median([g["round_trip"]["http_p50_ms"] for g in gateway]),
             "client_round_trip_p50_ms": median([g["round_trip"]["client_p50_ms"] for g in gateway]),
             "round_trip_difference_ms": median([g["round_trip"]["difference_ms"] for g in gateway]),
@@ -298,7 +300,8 @@ def reach_only_table(ro: dict[str, Any]) -> Table:
     if gw:
         sse = gw["sse"]
         t.add_row("gateway: submits/s, one client, keep-alive", fmt(gw["submit_per_s"]))
-        t.add_row("  gateway CPU per submit µs", fmt(gw.get("gateway_cpu_us_per_submit")))
+        t.add_row("  gateway / client CPU per submit µs",
+                  f"{fmt(gw.get('gateway_cpu_us_per_submit'))} / {fmt(gw.get('client_cpu_us_per_submit'))}")
         t.add_row("gateway: submit + long-poll round trip p50 ms (client's)",
                   f"{fmt(gw['http_round_trip_p50_ms'], 2)} ({fmt(gw['client_round_trip_p50_ms'], 2)})")
         t.add_row("gateway: SSE streams with every event / opened at once",

@@ -10,15 +10,28 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.types import Receive, Scope, Send
 
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.settings import Settings
 from gateway import console, errors, protocols
 from gateway.api import callbacks, events, fleet, search, tasks
 from gateway.apikeys import AuthMode
+from gateway.hot import HotRoutes
 from gateway.state import GatewayState, state_of
 
 API_VERSION = "1.0.0"
+
+
+class GatewayApp(FastAPI):
+    """FastAPI, but POST /v1/tasks and GET /v1/tasks/{id}/result are answered before its
+    middleware (gateway/hot.py)."""
+
+    hot: HotRoutes | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.hot is None or not await self.hot.answer(scope, receive, send):
+            await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastAPI:
@@ -29,7 +42,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
         await console.close(app)
         await state_of(app).close()
 
-    app = FastAPI(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
+    app = GatewayApp(title="Agent-Reach gateway", version=API_VERSION, lifespan=lifespan,
                   description="Reach every agent of the fleet by capability over HTTP: submit tasks, "
                               "wait for their results, follow their events.")
     app.state.gateway = GatewayState(settings, auth_mode)
@@ -39,6 +52,7 @@ def create_app(settings: Settings, auth_mode: AuthMode = AuthMode.AUTO) -> FastA
                    callbacks.router):
         app.include_router(router)
     running = protocols.mount(app, app.state.gateway)
+    app.hot = HotRoutes(app.state.gateway)
 
     @app.get("/healthz", tags=["health"], summary="Whether this gateway can reach Redis")
     async def healthz(request: Request) -> JSONResponse:

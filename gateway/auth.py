@@ -88,17 +88,18 @@ class Auth:
         self.mode = mode
         self.cache = cache
 
-    async def check(self, credentials: HTTPAuthorizationCredentials | None, needed: Role) -> KeyRecord | None:
-        """The caller's key (None when no key is needed); ApiError 401/403 otherwise."""
+    async def check(self, token: str | None, needed: Role) -> KeyRecord | None:
+        """The caller's key (None when no key is needed); ApiError 401/403 otherwise. `token`:
+        the key the request carries (bearer_token), if any."""
         if self.mode is AuthMode.OFF:
             return None
-        if credentials is None:
+        if token is None:
             if self.mode is AuthMode.AUTO and not await self.cache.keys():
                 return None
             raise ApiError(401, "unauthorized", "this gateway needs an API key: "
                            "send 'Authorization: Bearer <key>' (make one with `reach keys create`)",
                            headers={"WWW-Authenticate": "Bearer"})
-        record = await self.cache.find(credentials.credentials)
+        record = await self.cache.find(token)
         if record is None:
             raise ApiError(401, "unauthorized", "unknown or revoked API key",
                            headers={"WWW-Authenticate": "Bearer"})
@@ -108,13 +109,14 @@ class Auth:
         return record
 
 
-def credentials_of(authorization: str | None) -> HTTPAuthorizationCredentials | None:
-    """A request's Bearer credentials, as HTTPBearer reads them (for routes that read their
-    request themselves: the submit, whose every microsecond counts)."""
+def bearer_token(authorization: str | None) -> str | None:
+    """The key of an Authorization header, as HTTPBearer reads it (for the routes that read
+    their request themselves: gateway/hot.py, the protocols' guard)."""
     scheme, _, token = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
         return None
-    return HTTPAuthorizationCredentials(scheme=scheme, credentials=token.strip())
+    return token
 
 
 def require(role: Role) -> Callable[..., Awaitable[KeyRecord | None]]:
@@ -122,6 +124,6 @@ def require(role: Role) -> Callable[..., Awaitable[KeyRecord | None]]:
 
     async def dependency(request: Request, credentials: Credentials) -> KeyRecord | None:
         auth: Auth = request.app.state.gateway.auth
-        return await auth.check(credentials, role)
+        return await auth.check(credentials.credentials if credentials is not None else None, role)
 
     return dependency

@@ -17,6 +17,7 @@ users expect.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 import redis
@@ -88,8 +89,8 @@ def from_library(exc: Exception) -> ApiError:
     return ApiError(500, "internal", "internal error (logged by the gateway)")
 
 
-def _validation_error(exc: RequestValidationError) -> ApiError:
-    errors = exc.errors()
+def validation_error(errors: Sequence[Any]) -> ApiError:
+    """The 422 (or 400) of pydantic's errors, naming the first one's field."""
     first = errors[0] if errors else {}
     loc = [str(p) for p in first.get("loc", ())]
     where = loc[1:] if loc and loc[0] in ("body", "query", "path", "header") else loc
@@ -102,6 +103,17 @@ def _validation_error(exc: RequestValidationError) -> ApiError:
     return ApiError(422, "invalid_request", message, field=field)
 
 
+def api_error_of(exc: Exception, request: str) -> ApiError:
+    """What an exception of a handler answers, as the handlers below answer it (for the routes
+    answered without the framework: gateway/hot.py); `request` names it in the log of a 500."""
+    if isinstance(exc, ApiError):
+        return exc
+    mapped = from_library(exc)
+    if mapped.status == 500:
+        log.error("%s failed", request, exc_info=exc)
+    return mapped
+
+
 def install(app: FastAPI) -> None:
     """Make every error the app raises a JSON error of the one shape."""
 
@@ -111,7 +123,7 @@ def install(app: FastAPI) -> None:
 
     async def on_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        return error_response(_validation_error(exc))
+        return error_response(validation_error(exc.errors()))
 
     async def on_http(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)

@@ -14,8 +14,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from broker import codec
 from gateway.apikeys import Role
-from gateway.auth import credentials_of
+from gateway.auth import bearer_token
 from gateway.errors import ApiError, error_response
+from gateway.jsonbody import receive_body
 from gateway.state import GatewayState
 
 RoleOf = Callable[[str, str, Any], Role]
@@ -41,35 +42,14 @@ class Guard:
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
         try:
-            body = await self._body(scope, receive, headers) if scope["method"] in ("POST", "PUT") else b""
+            body = (await receive_body(receive, self.limit, headers.get("content-length"))
+                    if scope["method"] in ("POST", "PUT") else b"")
             role = self.role_of(scope["method"], scope["path"], _json_or_none(body))
-            await self.gw.auth.check(credentials_of(headers.get("authorization")), role)
+            await self.gw.auth.check(bearer_token(headers.get("authorization")), role)
         except ApiError as exc:
             await error_response(exc)(scope, receive, send)
             return
         await self.app(scope, _replay(body, receive) if body else receive, send)
-
-    async def _body(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> bytes:
-        declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limit:
-            raise _too_large(self.limit)
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise ApiError(400, "bad_request", "the client went away")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self.limit:
-                raise _too_large(self.limit)
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-
-def _too_large(limit: int) -> ApiError:
-    return ApiError(413, "payload_too_large", f"the request body is over the limit of {limit} bytes")
 
 
 def _json_or_none(body: bytes) -> Any:

@@ -1,10 +1,11 @@
 """Waiting for a task's outcome over HTTP (GET /v1/tasks/{id}/result?wait=N).
 
-A long-poll reads the outcome first (watch.lua, which also makes the scripts publish the task's
-events from now on); only a task that has not ended subscribes its channel, on the gateway's one
-pub/sub connection, reads once more (closing the gap between the two) and waits for a terminal
-event. So the common case of a client asking for a task that has just ended costs one round trip
-to Redis, and unsubscribing never delays the answer.
+A long-poll subscribes the task's channel on the gateway's one pub/sub connection (a write,
+not a round trip), then reads the outcome (watch.lua, which also makes the scripts publish the
+task's events from now on): a task that ended is answered at once, one that has not after one
+more read once its terminal event came (reading before subscribing, then again after it to close
+the gap, took three reads for a long-poll sent right after its submit). Unsubscribing never
+delays the answer. `wait=0` only reads.
 """
 
 from __future__ import annotations
@@ -55,9 +56,15 @@ class ResultWaits:
         self.scripts = scripts
         self.listener = listener
         self._unwatching: set[asyncio.Task[None]] = set()
+        self._lane = scripts.lane()
+        """A kept connection for the reads (see broker/scripts.py's Lane; busy: a pooled one)."""
+
+    async def close(self) -> None:
+        await self._lane.close()
 
     async def read(self, task_id: str) -> Outcome:
-        reply = await self.scripts(lifecycle.watch_call(self.settings, task_id, "outcome", "w"))
+        (reply,) = await self.scripts.run_all([lifecycle.watch_call(self.settings, task_id, "outcome", "w")],
+                                              lane=self._lane)
         if not lifecycle.task_exists(reply):
             raise UnknownTask(task_id)
         state, result, reason, error = reply[:4]
@@ -66,9 +73,8 @@ class ResultWaits:
 
     async def wait(self, task_id: str, wait_s: float) -> Outcome:
         """The outcome once the task ended, or its state after `wait_s` seconds."""
-        outcome = await self.read(task_id)
-        if outcome.ended or wait_s <= 0:
-            return outcome
+        if wait_s <= 0:
+            return await self.read(task_id)
         deadline = time.monotonic() + wait_s
         channel = Channels(self.settings.prefix).task(task_id)
         queue = await self.listener.watch(channel)

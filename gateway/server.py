@@ -7,6 +7,7 @@ itself, so `--addr 127.0.0.1:0` takes a free port, and it prints the URL it list
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
@@ -88,7 +89,7 @@ def serve(settings: Settings, addr: str = DEFAULT_ADDR, *, insecure_no_auth: boo
     sock = bind(host, port)
     url = url_of(sock, "https" if tls else "http")
     config = uvicorn.Config(create_app(settings, mode), log_level=log_level, access_log=access_log,
-                            loop=_best("uvloop", "auto"), http=_best("httptools", "auto"),
+                            loop=_best("uvloop", "auto"), http=_http_protocol(),
                             lifespan="on", timeout_graceful_shutdown=5, **tls)
     server = uvicorn.Server(config)
     if mode is AuthMode.OFF:
@@ -98,6 +99,15 @@ def serve(settings: Settings, addr: str = DEFAULT_ADDR, *, insecure_no_auth: boo
         url_file.write_text(url + "\n")
     server.run(sockets=[sock])
     sys.stdout.flush()
+
+
+def _http_protocol() -> type[asyncio.Protocol] | str:
+    """httptools' parser with one write per response (gateway/coalesce.py), where it builds."""
+    try:
+        from gateway.coalesce import CoalescingProtocol
+    except ImportError:
+        return "auto"
+    return CoalescingProtocol
 
 
 def _best(module: str, fallback: str) -> str:

@@ -54,6 +54,8 @@ class GatewayState:
         with contextlib.suppress(*TRANSIENT_ERRORS, TimeoutError):
             await self.listener.close()
         with contextlib.suppress(*TRANSIENT_ERRORS, TimeoutError):
+            await self.results.close()
+        with contextlib.suppress(*TRANSIENT_ERRORS, TimeoutError):
             await self.client.close()  # (closes self.redis too)
         if self._sync is not None:
             self._sync.close()

@@ -115,6 +115,57 @@ def test_a_failed_task_answers_its_reason_and_an_unfinished_one_202(stack: Stack
     assert 0.4 < time.monotonic() - started < 5
 
 
+def test_the_wait_of_a_long_poll_is_checked_naming_it(stack: Stack) -> None:
+    task_id = stack.submit({"x": 1}, capability="gwnobody")
+    for wait in ("61", "-1", "nan", "inf", "1e400", "soon", ""):
+        reply = stack.http.get(f"/v1/tasks/{task_id}/result", params={"wait": wait})
+        assert reply.status_code == 422, (wait, reply.text)
+        error = reply.json()["error"]
+        assert error["field"] == "wait" and error["message"].startswith("wait: "), error
+    last = stack.http.get(f"/v1/tasks/{task_id}/result?wait=x&wait=0")  # (the last one counts)
+    assert last.status_code == 202 and last.json() == {"task_id": task_id, "state": "queued"}
+    assert stack.http.post(f"/v1/tasks/{task_id}/result").status_code == 405
+    assert stack.http.get("/v1/tasks/not-an-id/result").json()["error"]["field"] == "task_id"
+
+
+_UNDER_A_PREFIX = """
+import uvicorn
+from broker.settings import Settings
+from gateway.app import create_app
+from gateway.server import bind, url_of
+sock = bind("127.0.0.1", 0)
+print("listening on", url_of(sock), flush=True)
+uvicorn.Server(uvicorn.Config(create_app(Settings.load()), root_path="/gw", log_level="warning")
+               ).run(sockets=[sock])
+"""
+
+
+def test_under_a_root_path_the_framework_routes_answer_as_the_hot_ones(stack: Stack) -> None:
+    # (gateway/hot.py steps aside for an app served under a root_path: FastAPI's routes for
+    # submit and the result answer, through the same functions)
+    proc = stack.fleet.spawn("gateway-root-path", [sys.executable, "-c", _UNDER_A_PREFIX], stack.settings)
+
+    def url() -> str | None:
+        lines = [line for line in proc.output().splitlines() if line.startswith("listening on ")]
+        return lines[0].split()[-1] if lines else None
+
+    with httpx.Client(base_url=str(wait_until(url, 30, message="the URL")), timeout=30) as http:
+        wait_until(lambda: http.get("/healthz").status_code == 200, 30, message="the gateway answering")
+        reply = http.post("/v1/tasks", json={"capability": CAP, "payload": {"x": 2}})
+        assert reply.status_code == 202 and reply.json()["state"] == "queued", reply.text
+        task_id = reply.json()["task_id"]
+        done = http.get(f"/v1/tasks/{task_id}/result", params={"wait": 20})
+        assert done.json() == {"task_id": task_id, "state": "succeeded", "result": {"x": 2}}
+        bad = http.post("/v1/tasks", json={"capability": "Bad Name", "payload": 1})
+        assert bad.status_code == 422 and bad.json()["error"]["field"] == "capability"
+        nan = http.post("/v1/tasks", content=b'{"capability": "gwwork", "payload": NaN}')
+        assert nan.status_code == 400 and nan.json()["error"]["code"] == "invalid_json"
+        form = {"Content-Type": "application/x-www-form-urlencoded"}
+        assert http.post("/v1/tasks", content=b"x=1", headers=form).status_code == 415
+        wait = http.get(f"/v1/tasks/{task_id}/result", params={"wait": "61"})
+        assert wait.status_code == 422 and wait.json()["error"]["field"] == "wait"
+
+
 def test_cancel(stack: Stack) -> None:
     task_id = stack.submit({"x": 1}, capability="gwnobody")
     reply = stack.http.post(f"/v1/tasks/{task_id}/cancel")

@@ -13,8 +13,9 @@ from broker import codec
 from broker.errors import InvalidPayload
 from broker.protocol.callbacks import callback_call, parse_status, parse_token
 from broker.protocol.calls import Status
-from gateway.api.tasks import TaskId, _task_id
+from gateway.api.tasks import TaskId
 from gateway.errors import ApiError
+from gateway.hot import task_id_of
 from gateway.jsonbody import json_route
 from gateway.models import CallbackBody, CallbackTaken, ErrorBody
 from gateway.state import state_of
@@ -38,7 +39,7 @@ async def callback(request: Request, task_id: TaskId, body: CallbackBody,
                    token: Annotated[str | None, Header(alias=TOKEN_HEADER, max_length=256)] = None
                    ) -> dict[str, Any]:
     gw = state_of(request.app)
-    task_id = _task_id(task_id)
+    task_id = task_id_of(task_id)
     parsed = parse_token(token) if token else None
     if parsed is None:
         raise ApiError(401, "unauthorized", f"send the attempt's callback token in {TOKEN_HEADER}")

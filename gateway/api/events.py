@@ -12,11 +12,12 @@ from fastapi import APIRouter, Depends, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from broker import codec
-from gateway.api.tasks import TaskId, _task_id
+from gateway.api.tasks import TaskId
 from gateway.apikeys import KeyRecord, Role
 from gateway.auth import require
 from gateway.errors import ApiError
 from gateway.follow import follow
+from gateway.hot import task_id_of
 from gateway.models import ErrorBody
 from gateway.state import state_of
 
@@ -50,7 +51,7 @@ async def events(request: Request, task_id: TaskId,
                                                                 "(as Last-Event-ID)")] = None,
                  ) -> EventSourceResponse:
     gw = state_of(request.app)
-    task_id = _task_id(task_id)
+    task_id = task_id_of(task_id)
     start = _resume_point(last_event_id, after)
     await gw.client.get(task_id)  # (UnknownTask, a 404, before the stream starts)
 

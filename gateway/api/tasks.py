@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from fastapi.responses import JSONResponse
 
 from broker.errors import QueueFull
-from broker.ids import split_task_id
-from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
+from broker.protocol.submit import MAX_LABEL_LEN
 from broker.protocol.trace import MAX_TRACESTATE_LEN
 from gateway.apikeys import KeyRecord, Role
-from gateway.auth import credentials_of, require
-from gateway.errors import ApiError, from_library
-from gateway.jsonbody import json_route, openapi_body, read_model
+from gateway.auth import bearer_token, require
+from gateway.errors import from_library
+from gateway.hot import MAX_WAIT_S, new_state, submit_task, task_id_of, task_result, with_trace_headers
+from gateway.jsonbody import json_route, openapi_body
 from gateway.models import (
     MAX_BATCH,
     BatchBody,
@@ -25,12 +24,10 @@ from gateway.models import (
     SubmitBody,
     Submitted,
     TaskJson,
-    TaskOptions,
     TaskResult,
 )
 from gateway.state import state_of
 
-MAX_WAIT_S = 60.0
 BATCH_BODY_LIMIT = 32 * 1024 * 1024
 """A batch's body: up to MAX_BATCH payloads, but not MAX_BATCH of the largest (send those singly)."""
 
@@ -58,32 +55,6 @@ TRACE_HEADERS = [
 ]
 
 
-def with_trace_headers(request: Request, body: TaskOptions, options: SubmitOptions) -> SubmitOptions:
-    """The options with the request's W3C `traceparent`/`tracestate` headers (the library checks
-    them: a malformed one is a 422 naming it, and nothing is queued)."""
-    traceparent, tracestate = request.headers.get("traceparent"), request.headers.get("tracestate")
-    for name, header in (("traceparent", traceparent), ("tracestate", tracestate)):
-        if header is not None and getattr(body, name) not in (None, header):
-            raise ApiError(422, "invalid_request", f"the {name} header and the {name} field differ",
-                           field=name)
-    if traceparent is None and tracestate is None:
-        return options
-    return replace(options, traceparent=traceparent or options.traceparent,
-                   tracestate=tracestate or options.tracestate)
-
-
-def _task_id(task_id: str) -> str:
-    try:
-        split_task_id(task_id)
-    except ValueError as exc:
-        raise ApiError(422, "invalid_request", str(exc), field="task_id") from None
-    return task_id
-
-
-def _new_state(body: SubmitBody | BatchBody) -> str:
-    return "scheduled" if body.delay_s is not None or body.at is not None else "queued"
-
-
 @router.post("/tasks", status_code=202, response_model=Submitted, summary="Submit a task",
              responses={202: {"description": "queued"}},
              openapi_extra={**openapi_body(SubmitBody), "security": [{"HTTPBearer": []}],
@@ -91,25 +62,14 @@ def _new_state(body: SubmitBody | BatchBody) -> str:
 async def submit(request: Request) -> JSONResponse:
     """Queue a task for a capability. With an `Idempotency-Key` header (or `idempotency_key`
     field), a repeated submit returns the first task (`created: false`)."""
-    # (It reads its request itself: FastAPI's parameters and dependencies cost a quarter of a
-    # submit's time; the document above says the same as they would.)
+    # (gateway/hot.py answers this request before FastAPI does, with the same functions: this
+    # route documents it, and serves it under a root_path. Its body is read as the document
+    # above says, not by FastAPI's parameters.)
     gw = state_of(request.app)
-    await gw.auth.check(credentials_of(request.headers.get("authorization")), Role.PRODUCER)
-    body = await read_model(request, SubmitBody)
-    idempotency_key = request.headers.get("idempotency-key")
-    if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_LABEL_LEN:
-        raise ApiError(422, "invalid_request", f"Idempotency-Key must be 1 to {MAX_LABEL_LEN} characters",
-                       field="Idempotency-Key")
-    if idempotency_key and body.idempotency_key and idempotency_key != body.idempotency_key:
-        raise ApiError(422, "invalid_request", "the Idempotency-Key header and the idempotency_key "
-                       "field differ", field="idempotency_key")
-    options = with_trace_headers(request, body, body.options(idempotency_key))
-    handle = await gw.client.submit(body.capability, body.payload, options)
-    state = _new_state(body)
-    if not handle.created:
-        state = (await gw.client.status(handle.task_id)).state.value
-    return JSONResponse({"task_id": handle.task_id, "capability": body.capability, "state": state,
-                         "created": handle.created}, 202)
+    await gw.auth.check(bearer_token(request.headers.get("authorization")), Role.PRODUCER)
+    headers = request.headers
+    return JSONResponse(await submit_task(gw, await request.json(), headers.get("idempotency-key"),
+                                          headers.get("traceparent"), headers.get("tracestate")), 202)
 
 
 @batch_router.post("/tasks/batch", status_code=202, response_model=BatchSubmitted,
@@ -120,14 +80,15 @@ async def submit_batch(request: Request, body: BatchBody, _: Producer) -> JSONRe
     429 with the tasks queued before it filled (`error.queued`)."""
     gw = state_of(request.app)
     try:
-        handles = await gw.client.submit_many(body.capability, body.payloads,
-                                              with_trace_headers(request, body, body.options()))
+        options = with_trace_headers(body, body.options(), request.headers.get("traceparent"),
+                                     request.headers.get("tracestate"))
+        handles = await gw.client.submit_many(body.capability, body.payloads, options)
     except QueueFull as exc:
         mapped = from_library(exc)
         return JSONResponse({"error": {"code": mapped.code, "message": mapped.message,
                                        "queued": [h.task_id for h in exc.submitted]}},
                             429, headers=mapped.headers)
-    state = _new_state(body)
+    state = new_state(body)
     return JSONResponse({"tasks": [{"task_id": h.task_id, "capability": body.capability,
                                     "state": state, "created": h.created} for h in handles]}, 202)
 
@@ -136,7 +97,7 @@ async def submit_batch(request: Request, body: BatchBody, _: Producer) -> JSONRe
             responses={404: {"model": ErrorBody}})
 async def get_task(request: Request, task_id: TaskId, _: Reader) -> dict[str, Any]:
     """The task as `reach status --json` shows it."""
-    status = await state_of(request.app).client.status(_task_id(task_id))
+    status = await state_of(request.app).client.status(task_id_of(task_id))
     return status.cli_dict()
 
 
@@ -149,8 +110,9 @@ async def get_result(request: Request, task_id: TaskId, _: Reader,
                      ) -> JSONResponse:
     """200 with `state` succeeded (and `result`), failed (`reason`, `error`) or canceled once the
     task ended; 202 with its current `state` while it has not, after waiting up to `wait` s."""
-    outcome = await state_of(request.app).results.wait(_task_id(task_id), wait)
-    return JSONResponse(outcome.as_dict(task_id), 200 if outcome.ended else 202)
+    # (gateway/hot.py answers this request before FastAPI does: see submit)
+    status, outcome = await task_result(state_of(request.app), task_id, wait)
+    return JSONResponse(outcome, status)
 
 
 @router.post("/tasks/{task_id}/cancel", response_model=Canceled, summary="Cancel a task",
@@ -159,7 +121,7 @@ async def cancel(request: Request, task_id: TaskId, _: Producer) -> dict[str, An
     """Cancel a task wherever it is (queued, waiting for a retry, or running); `canceled` is
     false when it had ended already."""
     client = state_of(request.app).client
-    task_id = _task_id(task_id)
+    task_id = task_id_of(task_id)
     canceled = await client.cancel(task_id)
     state = (await client.status(task_id)).state.value
     return {"task_id": task_id, "canceled": canceled, "state": state}
