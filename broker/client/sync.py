@@ -24,7 +24,7 @@ import redis
 
 from broker.acl import denied, is_permission_error
 from broker.client.common import FleetPolicy, batches, log, requests_for, task_keys, unserved_warning
-from broker.client.events import TERMINAL_STATES, event_ends_story
+from broker.client.follow import BLOCK_CHUNK_S, follow_events
 from broker.client.tracing import producer_side, send_span
 from broker.errors import QueueFull, UnknownTask
 from broker.ids import check_capability, split_task_id
@@ -52,20 +52,10 @@ from broker.schedule import Schedule
 from broker.scripts import Scripts
 from broker.settings import Settings
 
-# Longest single blocking call; a wait longer than this is several such calls (the socket must
-# not time out under a blocked command). Not polling: each call blocks until woken.
-_BLOCK_CHUNK_S = 5.0
 # A task this client submitted with `submit()` has its outcome pushed to its done list, which
 # lives a minute after the end (lua/_base.lua DONE_TTL_MS). Within this many seconds of the submit the
 # list cannot have expired yet, so `result()` blocks on it straight away.
 _FRESH_S = 30.0
-
-
-def _close_quietly(pubsub: Any) -> None:
-    """Close a pubsub that is being abandoned, ignoring errors."""
-    if pubsub is not None:
-        with contextlib.suppress(Exception):
-            pubsub.close()
 
 
 class TaskHandle:
@@ -259,12 +249,12 @@ class ReachClient:
                     if done:
                         return value
                 registered = False
-                remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
+                remaining = BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
                 if remaining <= 0:
                     raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
                 # (Redis reads a timeout under about 1 ms as 0, which means "block for ever".)
                 pushed = self._scripts.command("BLMOVE", done_key, done_key, "RIGHT", "LEFT",
-                                               max(0.01, min(remaining, _BLOCK_CHUNK_S)))
+                                               max(0.01, min(remaining, BLOCK_CHUNK_S)))
                 outage.over()
                 if pushed is not None:
                     done, value = lifecycle.parse_done(task_id, pushed)
@@ -280,53 +270,8 @@ class ReachClient:
         TimeoutError if the task has not ended within `timeout` seconds.
         """
         self._keys(task_id)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        outage = outages.WaitOutage(self.settings, deadline)
-        pubsub: Any = None
-        last = 0
-        ended = False
-        seen = False
-        try:
-            while True:
-                try:
-                    if pubsub is None:
-                        pubsub = connection.open_pubsub(self._redis)
-                        pubsub.subscribe(self._channels.task(task_id))
-                    # The record is the truth; the channel only says when to look again.
-                    state, _, fresh = lifecycle.parse_events(self._scripts(
-                        lifecycle.watch_call(self.settings, task_id, "events", "w", last)))
-                    outage.over()
-                except outages.TRANSIENT_ERRORS as exc:
-                    _close_quietly(pubsub)
-                    pubsub = None
-                    time.sleep(outage.next_pause(exc))
-                    continue
-                if state is None:
-                    if not seen:
-                        with self._errors():
-                            raise UnknownTask(task_id)
-                    return  # the record expired under us: nothing more will come
-                seen = True
-                for event in fresh:
-                    last = event.seq
-                    ended = event_ends_story(event, ended)
-                    yield event
-                if fresh and ended and state in TERMINAL_STATES:
-                    return  # the last lifecycle event is terminal (and no replay followed)
-                if fresh and len(fresh) == 1000:
-                    continue  # more to read at once
-                remaining = _BLOCK_CHUNK_S if deadline is None else deadline - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"task {task_id} has not finished after {timeout}s; it keeps running")
-                try:
-                    pubsub.get_message(timeout=min(remaining, _BLOCK_CHUNK_S))
-                    while pubsub.get_message(timeout=0) is not None:
-                        pass  # drain a burst: one read covers it
-                except outages.TRANSIENT_ERRORS:
-                    _close_quietly(pubsub)
-                    pubsub = None  # reopened (maybe elsewhere) on the next turn
-        finally:
-            _close_quietly(pubsub)
+        yield from follow_events(self.settings, self._redis, self._scripts,
+                                 self._channels.task(task_id), task_id, timeout, self._errors)
 
     # -- changing ---------------------------------------------------------------------------
 
