@@ -363,3 +363,17 @@ def test_a_weighted_pool_built_at_once_is_the_one_built_by_setting_each_weight()
             stepwise.set(i, w)
         assert built.tree == pytest.approx(stepwise.tree) and built.positive == stepwise.positive
         assert built.total() == pytest.approx(sum(weights))
+
+
+def test_grants_fill_free_slots_before_any_agents_prefetch() -> None:
+    # Submits take grants in order: a task in a free slot starts at once, one in a prefetch
+    # slot waits for that agent's next finished task, so every free slot comes first.
+    agents = [agent(f"a{i}", conc=4, out=o, run=o, latency_p50_ms=20.0) for i, o in enumerate((0, 2, 4))]
+    free = {"a0": 4, "a1": 2, "a2": 0}
+    for seed in range(20):
+        fresh = [agent(a.agent_id, conc=4, out=a.load.outstanding, run=a.load.running,
+                       latency_p50_ms=20.0) for a in agents]
+        grants = [c.agent_id for c, _ in RoutingRound(fresh, S, NOW, random.Random(seed)).grants(1000)]
+        head = Counter(grants[:sum(free.values())])
+        assert head == Counter({k: v for k, v in free.items() if v}), (seed, grants)
+        assert len(grants) > sum(free.values())  # (and then their prefetch: 4 each at 20 ms)

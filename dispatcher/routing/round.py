@@ -136,24 +136,31 @@ class RoutingRound:
     def grants(self, limit: int) -> list[tuple[Choice, bool]]:
         """Up to `limit` inbox slots for tasks without constraints, in the order weighted
         random choice would fill them (each taken like a choice: its agent's room and score
-        drop), each with whether it is for low-priority tasks only (its agent is cold). An
+        drop), free slots before prefetch ones, each with whether it is for low-priority tasks
+        only (its agent is cold). An
         agent allowed one probe gets the first slots, one each (the probe is out once granted,
         so the next task is the probe). A grant is a promise, not a delivery: the agents' loads
         are left as they were."""
         loads = [c.load.outstanding for c in self.agents]
+        free = [max(0, c.max_concurrency - c.load.outstanding) for c in self.agents]
         out: list[tuple[Choice, bool]] = []
         for i, probe in enumerate(self.probe_only):
             if probe and self.rooms[i] > 0 and len(out) < limit:
                 out.append((self._take(i, "grant", self.all_pool.positive), self.cold[i]))
         # (None to an agent slower than the fleet: a grant is for a task that did not wait.)
-        while len(out) < limit:
+        later: list[tuple[Choice, bool]] = []
+        while len(out) + len(later) < limit:
             picked = self.all_pool.sample(self.rng)
             if picked is None:
                 break
-            out.append((self._take(picked, "grant", self.all_pool.positive), self.cold[picked]))
+            grant = (self._take(picked, "grant", self.all_pool.positive), self.cold[picked])
+            # Free slots first, each agent's prefetch after them all: a task starts at once
+            # in a free slot, while in a prefetch slot it waits for one of that agent's tasks.
+            free[picked] -= 1
+            (out if free[picked] >= 0 else later).append(grant)
         for c, outstanding in zip(self.agents, loads, strict=True):
             c.load.outstanding = outstanding
-        return out
+        return out + later
 
     def pulls(self) -> list[tuple[Candidate, bool]]:
         """The agents that may take ready tasks without constraints themselves as they finish
