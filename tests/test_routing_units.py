@@ -256,14 +256,14 @@ def slow_fleet(**slow: object) -> list[Candidate]:
 def test_an_agent_slower_than_the_fleet_gets_tasks_only_where_faster_ones_have_no_room() -> None:
     # Three agents at 40 ms a task, one at 400: the fast ones take their free slots and their
     # prefetch (4 + 2 each) first; then the slow one its free slots, no prefetch, and only for
-    # tasks that waited in the queue as long as it is slower (360 ms); then nobody.
+    # tasks that waited in the queue twice as long as it is slower (2 x 360 ms); then nobody.
     round_ = RoutingRound(slow_fleet(out=1, run=1), S, NOW, random.Random(7))
     assert round_.fleet_ms == 40.0 and round_.rooms[round_.index["slow"]] == 3
     picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW - 5)) for i in range(20)]
     assert Counter(p.agent_id for p in picks[:18] if p) == Counter({"f0": 6, "f1": 6, "f2": 6})
     assert picks[18:] == [None, None]  # (better to wait for a fast agent's next free slot)
-    assert round_.choose(ReadyTask("w", ready_at_ms=NOW - 359)) is None
-    waited = [round_.choose(ReadyTask(f"w{i}", ready_at_ms=NOW - 360)) for i in range(4)]
+    assert round_.choose(ReadyTask("w", ready_at_ms=NOW - 719)) is None
+    waited = [round_.choose(ReadyTask(f"w{i}", ready_at_ms=NOW - 720)) for i in range(4)]
     assert [(p.agent_id, p.why) for p in waited if p] == [("slow", "weighted:slow_only")] * 3
     assert waited[3] is None
     # A task only slow agents could ever take (its region's only agent) goes at once; one

@@ -1,8 +1,8 @@
 """One routing round of one capability: agent-level filters and scores computed once, then a
 choice per task in O(log n) for unconstrained tasks; grants and pulls are the same choices
 taken ahead of time. Agents slower than the fleet (see rules.py) are the overflow: a task goes
-to one only when no faster agent has room, and only once it has waited in the queue as long as
-that agent is slower than the fleet per task."""
+to one only when no faster agent has room, and only once it has waited in the queue twice as
+long as that agent is slower than the fleet per task."""
 
 from __future__ import annotations
 
@@ -26,6 +26,11 @@ from dispatcher.routing.rules import (
 )
 
 FULL_REASONS = ("no_room", "watermark", "backlog_full")
+OVERFLOW_WAIT = 2.0
+"""A task goes to an agent slower than the fleet once it has waited this many times as long as
+that agent is slower per task. (The speeds are medians: under a heavy tail an agent's mean is
+longer, by 1.6 x for LLM-like times; and a task sent to a slow agent cannot come back, while a
+queue that a stall of the machine filled drains as fast as it filled.)"""
 """Why a healthy agent gets nothing in a round because it holds enough work already."""
 
 
@@ -100,8 +105,8 @@ class RoutingRound:
         self._plain_faster_later: bool | None = None
         self.slow_idx = [i for i, slow in enumerate(self.slow) if slow]
         """The agents that are the overflow, and how long a task waits before one takes it:
-        as long as the agent is slower than the fleet per task."""
-        self.overflow_after = {i: (self.agents[i].health.speed_ms - (self.fleet_ms or 0.0))
+        OVERFLOW_WAIT x as long as the agent is slower than the fleet per task."""
+        self.overflow_after = {i: OVERFLOW_WAIT * (self.agents[i].health.speed_ms - (self.fleet_ms or 0.0))
                                for i in self.slow_idx}
 
     @property
@@ -222,7 +227,7 @@ class RoutingRound:
 
     def _overflow(self, task: ReadyTask, slow: list[int], why: str, wait: bool) -> Choice | None:
         """The task for an agent slower than the fleet (among `slow`, those with room), once
-        it has waited as long as that agent is slower (weighted by score), else None: it waits
+        it has waited long enough (OVERFLOW_WAIT; weighted by score), else None: it waits
         for a faster agent's next free slot, sooner than the slow one would finish it. (At once
         when no faster agent could take it later: `wait` False.)"""
         waited = self.now - task.ready_at_ms if task.ready_at_ms and wait else float("inf")

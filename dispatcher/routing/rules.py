@@ -19,10 +19,11 @@ last 100 (which turns after some fifty tasks and arrives with the next heartbeat
 Slower than the fleet: an agent whose told speed is above slow_factor x the fleet's (the lower
 median of the told speeds of the capability's healthy agents, at least two of them; floored at
 SPEED_FLOOR_MS) is the overflow: it takes a task only where no faster agent has room, and only
-one that has waited in the queue as long as the agent is slower than the fleet per task (at
-once when no faster agent could take it later), never more than its free slots (no prefetch,
-no grant, no pull); and, once it holds nothing and its last success is RECHECK_MS old (or its
-own time per task, if longer), one task to measure it again, as any agent would get it. A task
+one that has waited in the queue twice as long as the agent is slower than the fleet per task
+(round.py's OVERFLOW_WAIT; at once when no faster agent could take it later), never more than
+its free slots (no prefetch, no grant, no pull); and, once it holds nothing and its last
+success is RECHECK_MS old (or its own time per task, if longer), one task to measure it again,
+as any agent would get it. A task
 sent to it takes slow_factor x longer than anywhere else, while in the queue the next free slot
 of a faster agent takes it; only a backlog that makes the wait longer than the slowness is
 worth the slow agent's help.
