@@ -262,6 +262,9 @@ def test_an_agent_slower_than_the_fleet_gets_tasks_only_where_faster_ones_have_n
     picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW - 5)) for i in range(20)]
     assert Counter(p.agent_id for p in picks[:18] if p) == Counter({"f0": 6, "f1": 6, "f2": 6})
     assert picks[18:] == [None, None]  # (better to wait for a fast agent's next free slot)
+    # And the round stops reading there: the tasks behind waited less (a deep queue is not
+    # read to its end for the slow agent's free slots).
+    assert round_.capacity == 0 and round_.rooms[round_.index["slow"]] == 3
     assert round_.choose(ReadyTask("w", ready_at_ms=NOW - 719)) is None
     waited = [round_.choose(ReadyTask(f"w{i}", ready_at_ms=NOW - 720)) for i in range(4)]
     assert [(p.agent_id, p.why) for p in waited if p] == [("slow", "weighted:slow_only")] * 3

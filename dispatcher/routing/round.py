@@ -103,6 +103,7 @@ class RoutingRound:
         self.warm_pool = WeightedPool(
             [0.0 if cold else s for s, cold in zip(fast, self.cold, strict=True)])
         self._plain_faster_later: bool | None = None
+        self.overflow_closed = False
         self.slow_idx = [i for i, slow in enumerate(self.slow) if slow]
         """The agents that are the overflow, and how long a task waits before one takes it:
         OVERFLOW_WAIT x as long as the agent is slower than the fleet per task."""
@@ -111,6 +112,11 @@ class RoutingRound:
 
     @property
     def capacity(self) -> int:
+        """The tasks this round may still place: once a plain task was too fresh for the
+        agents slower than the fleet, their room no longer counts (else a round would read a
+        deep queue to its end for them)."""
+        if self.overflow_closed:
+            return sum(r for r, slow in zip(self.rooms, self.slow, strict=True) if not slow)
         return sum(self.rooms)
 
     def choose(self, task: ReadyTask) -> Choice | None:
@@ -130,7 +136,10 @@ class RoutingRound:
         if pool.total() <= 1e-9 and not low_priority:
             pool, why = self.all_pool, "weighted:cold_only"  # no warm agent: better than waiting
         if pool.total() <= 1e-9 and self.slow_idx:
-            return self._overflow(task, self.slow_idx, "weighted", self._faster_later(task))
+            choice = self._overflow(task, self.slow_idx, "weighted", self._faster_later(task))
+            # (The tasks behind this one in the queue waited less: the round stops reading.)
+            self.overflow_closed = choice is None
+            return choice
         picked = pool.sample(self.rng)
         if picked is None:
             return None
