@@ -166,7 +166,7 @@ class CapabilityLoop:
     async def step(self) -> bool:
         # Routing first: a task that just arrived is on its way before the housekeeping round
         # trip (what housekeeping makes ready is routed at the next step, which follows at once).
-        await self.policy.refresh()
+        self.ready.aging_ms = int((await self.policy.refresh())["aging_ms"])
         started = time.perf_counter()
         moved = await self.route()
         if self.metrics is not None:

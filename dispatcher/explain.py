@@ -19,6 +19,7 @@ from broker.infra.connection import SyncRedis
 from broker.keys import CapabilityKeys
 from broker.models import TaskStatus
 from broker.ops.overview import load_fleet
+from broker.protocol import queue_score
 from broker.protocol.grants import Explanation
 from broker.protocol.health import AgentHealth, parse_health
 from broker.registry import AgentRecord, agent_state
@@ -59,13 +60,15 @@ def live_round(client: SyncRedis, settings: Settings, capability: str) -> Routin
 
 
 def _task(client: SyncRedis, ck: CapabilityKeys, local: str, record: dict[str, str],
-          status: TaskStatus) -> ReadyTask:
+          status: TaskStatus, aging_ms: int) -> ReadyTask:
     options = routing_options(record.get("routing"))
     session_agent: Any = (client.hget(ck.sessions, status.session_id) or "") if status.session_id else ""
+    score: Any = client.zscore(ck.queue, local)
+    ready_at = queue_score.ready_at(float(score), status.priority, aging_ms) if score is not None else 0
     return ReadyTask(
         local, status.priority, status.session_id or "", status.region or "",
         bool(options.get("region_strict", True)), str(options.get("version") or ""),
-        record.get("last_agent_id") or "", session_agent,
+        record.get("last_agent_id") or "", session_agent, ready_at,
     )
 
 
@@ -76,7 +79,7 @@ def explain(client: SyncRedis, settings: Settings, task_id: str) -> dict[str, An
     if not record:
         raise UnknownTask(task_id)
     status = TaskStatus.from_record(record)
-    task = _task(client, ck, local, record, status)
+    task = _task(client, ck, local, record, status, settings.aging_ms)
     out: dict[str, Any] = {
         "task": status.cli_dict(),
         "constraints": {"region": task.region or None, "region_strict": task.region_strict,

@@ -1,6 +1,6 @@
 """What one dispatcher has observed of one capability's agents: their exact inbox loads, the
-speed their completions told, their health counters and the probes it let through; and the
-candidates a routing round starts from.
+speed their completions told (the wake-ups' and the health hash's), their health counters and
+the probes it let through; and the candidates a routing round starts from.
 
 Loads come from the dispatch calls' replies and the wake-ups (`free`, `took`), and are read
 again from Redis where they may have changed unseen: the agents granted while grants stand
@@ -14,7 +14,7 @@ import math
 import time
 
 from broker.keys import AGENT_GROUP, CapabilityKeys
-from broker.protocol.health import AgentHealth, parse_health
+from broker.protocol.health import SPEED_KNOWN, SPEED_TELL_FACTOR, AgentHealth, parse_health
 from dispatcher import candidates
 from dispatcher.context import DispatcherContext
 from dispatcher.routing import Candidate, InboxLoad
@@ -64,6 +64,18 @@ class Observations:
         if told is None or now - told[1] > 2 * self.ctx.settings.heartbeat_ms / 1000:
             return None
         return told[0]
+
+    def note_told_speed(self, agent_id: str, speed_ms: float, samples: int) -> bool:
+        """The speed an agent's completion told (see broker/protocol/health.py); True when it
+        is news to routing (it became known, or moved SPEED_TELL_FACTOR times either way): the
+        agent may be slower than the fleet now, or no longer, so route again at once."""
+        health = self.health.setdefault(agent_id, AgentHealth())
+        before, known_before = health.speed_ms, health.speed_samples >= SPEED_KNOWN
+        health.speed_ms, health.speed_samples = speed_ms, samples
+        if samples < SPEED_KNOWN:
+            return False
+        return (not known_before or before <= 0 or speed_ms >= SPEED_TELL_FACTOR * before
+                or before >= SPEED_TELL_FACTOR * speed_ms)
 
     def note_failures(self, agent_id: str, consecutive: int) -> bool:
         """Consecutive failures an agent's last completion left; True when they changed

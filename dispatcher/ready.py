@@ -26,6 +26,9 @@ class ReadyQueue:
         whenever the queue may have changed otherwise (new, promoted, requeued tasks all come
         with a wake-up). `_head_whole`: it is the whole queue."""
         self._head_whole = False
+        self.aging_ms = ctx.settings.aging_ms
+        """The capability's aging (its policy's): a task's score and priority tell when it
+        became ready."""
         self.gen = 0
         """Moves whenever the head is forgotten: a peek taken before that is not installed."""
 
@@ -60,8 +63,8 @@ class ReadyQueue:
         return await self._tasks(head)
 
     async def _tasks(self, head: list[tuple[str, float]]) -> list[ReadyTask]:
-        hints = [(local_id, *queue_score.decode(score)) for local_id, score in head]
-        special = [local_id for local_id, _, constrained in hints if constrained]
+        hints = [(local_id, score, *queue_score.decode(score)) for local_id, score in head]
+        special = [local_id for local_id, _, _, constrained in hints if constrained]
         rows: dict[str, list[Any]] = {}
         owners: dict[str, str | None] = {}
         if special:
@@ -75,16 +78,17 @@ class ReadyQueue:
                 agents: list[Any] = await r.hmget(self.keys.sessions, sessions)
                 owners = dict(zip(sessions, agents, strict=True))
         tasks = []
-        for local_id, priority, constrained in hints:
+        for local_id, score, priority, constrained in hints:
+            ready_at = queue_score.ready_at(score, priority, self.aging_ms)
             if not constrained:
-                tasks.append(ReadyTask(local_id, priority))
+                tasks.append(ReadyTask(local_id, priority, ready_at_ms=ready_at))
                 continue
             session, region, extra, last_agent = rows[local_id]
             options = routing_options(extra)
             tasks.append(ReadyTask(
                 local_id, priority, session or "", region or "",
                 bool(options.get("region_strict", True)), str(options.get("version") or ""),
-                last_agent or "", (owners.get(session) or "") if session else ""))
+                last_agent or "", (owners.get(session) or "") if session else "", ready_at))
         return tasks
 
 

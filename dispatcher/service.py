@@ -249,4 +249,6 @@ def _on_freed(loop: CapabilityLoop, message: wake.AgentFreed) -> None:
         changed = observations.note_failures(message.agent_id, message.failures)
     if message.exec_ms is not None:
         observations.note_speed(message.agent_id, message.finished, message.exec_ms)
+    if message.speed is not None:
+        changed = observations.note_told_speed(message.agent_id, *message.speed) or changed
     loop.on_free(changed, message.finished, message.pulled)

@@ -299,14 +299,15 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         assert heard() == ["free credit live 0 0 1 1 1 0"] and r.llen(ck.grants) == 3
         client.submit(cap, {"n": 5})
         finish_read(r, settings, cap, "live")
-        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 2
+        # (Successes tell the agent's speed: 1 ms counts as 10, see broker/protocol/health.py.)
+        assert heard() == ["free credit live 0 0 0 1 1 0 10.0 4"] and r.llen(ck.grants) == 2
         # With a task waiting in the queue, the dispatchers must hear of the room.
         waiting = client.submit(cap, {"n": 6})
         queued = client.submit(cap, {"n": 7}, session_id="s")
         heard()
         assert waiting.status().agent_id == "live" and queued.status().state == "queued"
         finish_read(r, settings, cap, "live")
-        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
+        assert heard() == ["free credit live 0 0 0 1 1 0 10.0 5"] and r.llen(ck.grants) == 1
         r.zrem(ck.queue, split_task_id(queued.task_id)[1])
         # Grants given back to a list that submits emptied die with the set they came from.
         grant(r, settings, cap, "live|40|round-2|60|")
@@ -321,13 +322,13 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         hand(r, settings, cap, "live", client.submit(cap, {"n": 9}, session_id="s"))
         heard()
         finish_read(r, settings, cap, "live")
-        assert heard() == ["free credit live 0 0 0 1 1 0"]
+        assert heard() == ["free credit live 0 0 0 1 1 0 10.0 7"]
         grant(r, settings, cap, "live|40|round-4|70|")
         hand(r, settings, cap, "live", client.submit(cap, {"n": 10}, session_id="s"))
         r.hset(ck.tokens, "draining:live", "1")
         heard()
         finish_read(r, settings, cap, "live")
-        assert heard() == ["free credit live 0 0 0 1 1 0"] and r.llen(ck.grants) == 1
+        assert heard() == ["free credit live 0 0 0 1 1 0 10.0 8"] and r.llen(ck.grants) == 1
         # A task over the latency ceiling is told (the agent may be on its way to ejection, or
         # be a slow agent's probe), and gives no grant back.
         r.hdel(ck.tokens, "draining:live")
@@ -335,7 +336,7 @@ def test_a_quiet_completion_gives_its_grant_back_and_wakes_no_dispatcher(
         client.submit(cap, {"n": 11})
         heard()
         finish_read(r, settings, cap, "live", exec_ms=500)
-        assert heard() == ["free credit live 0 0 0 1 500 0"] and r.llen(ck.grants) == 0
+        assert heard() == ["free credit live 0 0 0 1 500 0 21.9 9"] and r.llen(ck.grants) == 0
     finally:
         pubsub.close()
         client.close()
@@ -467,10 +468,10 @@ def test_a_steady_trickle_of_tasks_wakes_no_dispatcher(
         pubsub.close()
     # (A grant set that expired under a starved dispatcher, on a loaded machine, would cost a
     # task or two its grant and tell of their completions: a margin for that, not for a
-    # message per task.)
+    # message per task. And once, the agent's speed becoming known after its fifth task.)
     assert direct >= 38, f"only {direct} of 40 tasks went straight to the agent"
     told = [m for m in heard if m.split(" ")[:2] in (["free", "trickle"], ["took", "trickle"])]
-    assert len(told) <= 2, told
+    assert len(told) <= 3, told
     assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 41
 
 

@@ -4,6 +4,8 @@ their own, and every status word they answer with is one the parsers know."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import fields
 from pathlib import Path
@@ -15,7 +17,14 @@ from broker.keys import LUA_CONSTANTS, Channels
 from broker.protocol import queue_score, wake
 from broker.protocol.calls import Status
 from broker.protocol.grants import Explanation, Grant, Pull
-from broker.protocol.health import AgentHealth, parse_health
+from broker.protocol.health import (
+    SPEED_ALPHA,
+    SPEED_FLOOR_MS,
+    SPEED_KNOWN,
+    SPEED_TELL_FACTOR,
+    AgentHealth,
+    parse_health,
+)
 from broker.protocol.submit import SubmitFields, SubmitOptions, options_of
 from broker.scripts import prelude
 
@@ -28,6 +37,7 @@ pytestmark = pytest.mark.one_redis
     wake.TasksQueued("summarize"),
     wake.RegistryChanged("agent-1"),
     wake.AgentFreed("summarize", "agent-1", 7, 3, 0, 4, 812.0, 2),
+    wake.AgentFreed("summarize", "agent-1", 7, 3, 0, 4, 812.0, 2, (203.4, 17)),
     wake.GrantsTaken("summarize", "agent-1", 5, -1, 2, 6),
     wake.GrantsTaken("summarize", "agent-1", 5, -1, 1, None),
 ])
@@ -41,7 +51,11 @@ def test_wake_messages_of_older_producers_and_strangers() -> None:
     assert wake.parse("free cap a 3 1 2") == wake.AgentFreed("cap", "a", 3, 1, 2)
     # A speed that is no number is no news; the load still is.
     assert wake.parse("free cap a 3 1 0 1 nan 0") == wake.AgentFreed("cap", "a", 3, 1, 0, 1, None, 0)
-    for junk in ("", "task", "free cap a x 1", "took cap a 1 2", "hello world", "agent", "task a b"):
+    # So is a speed that does not parse (or half of one).
+    assert wake.parse("free cap a 3 1 0 1 9 0 x 5") == wake.AgentFreed("cap", "a", 3, 1, 0, 1, 9.0, 0)
+    assert wake.parse("free cap a 3 1 0 1 9 0 inf 5") == wake.AgentFreed("cap", "a", 3, 1, 0, 1, 9.0, 0)
+    for junk in ("", "task", "free cap a x 1", "took cap a 1 2", "hello world", "agent", "task a b",
+                 "free cap a 3 1 0 1 9 0 5.0"):
         assert wake.parse(junk) is None, junk
 
 
@@ -60,6 +74,54 @@ def test_the_health_hash_parses_per_agent_and_skips_what_does_not() -> None:
     parsed = parse_health({"cf:a": "3", "lf:a": "100", "ok:b": "5", "cs:a": "x", "junk": "1", "zz:a": "1"})
     assert parsed == {"a": AgentHealth(consecutive_failures=3, last_failure_ms=100),
                       "b": AgentHealth(last_success_ms=5)}
+    speeds = parse_health({"sp:a": "41.5 17 40.0", "sp:b": "nan 3 0", "sp:c": "12", "sp:d": "-1 2 0"})
+    assert speeds == {"a": AgentHealth(speed_ms=41.5, speed_samples=17)}
+
+
+def test_the_speed_constants_are_the_scripts() -> None:
+    text = (LUA / "_health.lua").read_text(encoding="utf-8")
+    found = re.search(r"local alpha, known, floor, tell = ([\d.]+), (\d+), ([\d.]+), ([\d.]+)", text)
+    assert found is not None
+    assert tuple(map(float, found.groups())) == (SPEED_ALPHA, SPEED_KNOWN, SPEED_FLOOR_MS, SPEED_TELL_FACTOR)
+
+
+def _python_speed(ms: float, n: int, times: list[float]) -> tuple[float, int]:
+    log = math.log(ms) if n else 0.0
+    for t in times:
+        n += 1
+        log += max(SPEED_ALPHA, 1 / n) * (math.log(max(t, SPEED_FLOOR_MS)) - log)
+    return math.exp(log), n
+
+
+def test_the_scripts_speed_is_a_moving_geometric_mean_told_when_it_is_news(r: Any) -> None:
+    script = prelude() + "\nlocal s = speed_after(KEYS[1], ARGV[1], cjson.decode(ARGV[2]))" \
+                         "\nif not s then return false end\nreturn {s[1], tostring(s[4]), tostring(s[5])}"
+
+    def after(times: list[float]) -> tuple[float, int, bool, float] | None:
+        reply = r.eval(script, 1, "h:speed", "a", json.dumps(times))
+        if not reply:
+            return None
+        ms, n = reply[0].split(" ")
+        return float(ms), int(n), reply[1] == "true", float(reply[2])
+
+    r.delete("h:speed")
+    assert after([]) is None  # (no success: nothing to count)
+    # The first tasks: a plain mean of their logs (1 ms counts as the floor), not yet news.
+    assert after([40, 40, 1]) == (round(_python_speed(0, 0, [40, 40, 1])[0], 1), 3, False, 0.0)
+    r.hset("h:speed", "sp:a", "40.0 4 0.0")
+    ms, n, news, told = after([40]) or (0, 0, False, 0)
+    assert (round(ms), n, news, told) == (40, 5, True, 0.0)  # known now: news
+    r.hset("h:speed", "sp:a", "40.0 50 40.0")
+    spread = after([50, 30, 60, 90])
+    assert spread is not None and not spread[2]  # (an ordinary spread is no news)
+    # A task ten times slower moves it 10 ** 0.2 = 1.58 x: news (the dispatchers route again;
+    # it takes three such tasks in a row to be three times slower).
+    one, three = after([400]), after([400, 400, 400])
+    assert one is not None and three is not None and one[2] and three[2]
+    assert one[0] == pytest.approx(40.0 * 10 ** SPEED_ALPHA, abs=0.05)
+    assert three[0] == pytest.approx(_python_speed(40.0, 50, [400] * 3)[0], abs=0.05)
+    assert three[0] > 3 * 40
+    r.delete("h:speed")
 
 
 @pytest.mark.parametrize("constrained", [False, True])

@@ -156,6 +156,46 @@ def test_a_slow_agent_gets_a_clearly_smaller_share(make_settings: Any, fleet: Fl
         assert penalties.get("fast", 0) == 0
 
 
+def test_an_agent_turning_slow_mid_run_loses_its_share_within_a_few_of_its_tasks(
+    make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    # Four equal agents; one turns 8 x slower. Its completions keep its speed and tell the
+    # dispatcher as soon as it moved (the heartbeat's p50 of 100 tasks would take some fifty
+    # slow ones, and then a heartbeat): after a handful of slow tasks it gets work only where
+    # the others have no room (here they always have) and, when idle, one task a second to
+    # measure it again. Tasks go one at a time, so every agent always has room.
+    settings = make_settings(heartbeat_ms=1000, suspect_after_ms=10000, offline_after_ms=20000)
+    ck = CapabilityKeys(prefix, "turn")
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        for name in ("f0", "f1", "f2", "turns"):
+            spawn(fleet, "turn", settings, name, concurrency=2)
+
+        def one() -> str:
+            return str(client.submit("turn", {"s": 0.02}).result(timeout=60)["agent"])
+
+        before = Counter(one() for _ in range(80))
+        assert before["turns"] >= 5, before  # (in the rotation: about a quarter)
+        set_mode(r, prefix, "turns", "slow")
+        since: list[str] = []
+
+        def clearly_smaller_share() -> bool:
+            since.append(one())
+            last = since[-60:]
+            return len(last) == 60 and last.count("turns") <= 6  # an equal share is 15
+
+        wait_until(clearly_smaller_share, timeout=90, interval=0, message="a smaller share")
+        # Within a few of its slow tasks (the rest of them the rechecks), not fifty.
+        assert since.count("turns") <= 25, Counter(since)
+        speeds = {a: float((r.hget(ck.health, f"sp:{a}") or "0").split(" ")[0])
+                  for a in ("f0", "f1", "f2", "turns")}
+        assert speeds["turns"] > 3 * max(speeds["f0"], speeds["f1"], speeds["f2"]), speeds
+        from dispatcher.explain import live_round
+
+        rows = {c["agent_id"]: c for c in live_round(r, settings, "turn").snapshot()["candidates"]}
+        assert rows.get("turns", {"slow": True})["slow"] and not rows["f0"]["slow"]
+
+
 def test_session_affinity_holds_and_moves_when_its_agent_goes_suspect(
     make_settings: Any, fleet: Fleet
 ) -> None:

@@ -12,13 +12,14 @@ import pytest
 
 from broker import Settings
 from broker.models import AgentDescriptor
-from broker.protocol.health import AgentHealth, parse_health
+from broker.protocol.health import SPEED_KNOWN, AgentHealth, parse_health
 from broker.protocol.queue_score import decode as decode_queue_score
 from broker.registry import AgentRecord
 from broker.versions import satisfies
 from dispatcher.context import DispatcherContext
 from dispatcher.observations import Observations
 from dispatcher.routing import (
+    RECHECK_MS,
     Candidate,
     InboxLoad,
     ReadyTask,
@@ -27,6 +28,7 @@ from dispatcher.routing import (
     components,
     gate,
     score,
+    speed,
 )
 
 S = Settings.load(redis_url="redis://x")
@@ -239,3 +241,142 @@ def test_the_speed_completions_told_counts_only_while_they_keep_telling_it() -> 
     assert loop.recent_speed("a1", now + 10.1) == pytest.approx(4500.0)
     loop.note_speed("a1", 1, 500.0, now + 11.0)
     assert loop.recent_speed("a1", now + 11.0) == pytest.approx(0.8 * 4500.0 + 0.2 * 500.0)
+
+
+def told(name: str, ms: float, conc: int = 4, samples: int = 50, **kw: object) -> Candidate:
+    """An agent whose completions told its speed (p50 40 ms: the heartbeat's stale figure)."""
+    health = AgentHealth(speed_ms=ms, speed_samples=samples, last_success_ms=NOW)
+    return agent(name, conc=conc, latency_p50_ms=40.0, health=health, **kw)
+
+
+def slow_fleet(**slow: object) -> list[Candidate]:
+    return [told(f"f{i}", 40.0) for i in range(3)] + [told("slow", 400.0, **slow)]
+
+
+def test_an_agent_slower_than_the_fleet_gets_tasks_only_where_faster_ones_have_no_room() -> None:
+    # Three agents at 40 ms a task, one at 400: the fast ones take their free slots and their
+    # prefetch (4 + 2 each) first; then the slow one its free slots, no prefetch, and only for
+    # tasks that waited in the queue twice as long as it is slower (2 x 360 ms); then nobody.
+    round_ = RoutingRound(slow_fleet(out=1, run=1), S, NOW, random.Random(7))
+    assert round_.fleet_ms == 40.0 and round_.rooms[round_.index["slow"]] == 3
+    picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW - 5)) for i in range(20)]
+    assert Counter(p.agent_id for p in picks[:18] if p) == Counter({"f0": 6, "f1": 6, "f2": 6})
+    assert picks[18:] == [None, None]  # (better to wait for a fast agent's next free slot)
+    # And the round stops reading there: the tasks behind waited less (a deep queue is not
+    # read to its end for the slow agent's free slots).
+    assert round_.capacity == 0 and round_.rooms[round_.index["slow"]] == 3
+    assert round_.choose(ReadyTask("w", ready_at_ms=NOW - 719)) is None
+    waited = [round_.choose(ReadyTask(f"w{i}", ready_at_ms=NOW - 720)) for i in range(4)]
+    assert [(p.agent_id, p.why) for p in waited if p] == [("slow", "weighted:slow_only")] * 3
+    assert waited[3] is None
+    # A task only slow agents could ever take (its region's only agent) goes at once; one
+    # that a faster agent of its region, full now, could take waits as a plain one does.
+    eu = ReadyTask("c", region="eu", ready_at_ms=NOW)
+    choice = RoutingRound(slow_fleet(region="eu"), S, NOW).choose(eu)
+    assert choice is not None and choice.why == "weighted:slow_only"
+    busy_eu = told("f3", 40.0, out=6, run=4, region="eu")
+    assert RoutingRound([*slow_fleet(region="eu"), busy_eu], S, NOW).choose(eu) is None
+    # Likewise a plain task when every faster agent is out (circuits open): at once.
+    out = slow_fleet()
+    for c in out[:3]:
+        c.health.consecutive_failures, c.health.last_failure_ms = S.circuit_failures, NOW
+    choice = RoutingRound(out, S, NOW).choose(ReadyTask("p", ready_at_ms=NOW))
+    assert choice is not None and choice.agent_id == "slow"
+    snap = RoutingRound(slow_fleet(), S, NOW).snapshot()
+    slow_row = next(c for c in snap["candidates"] if c["agent_id"] == "slow")
+    assert slow_row["slow"] is True and slow_row["penalty"] == S.slow_penalty
+    assert snap["fleet_speed_ms"] == 40.0
+
+
+def test_a_slow_agent_gets_no_grant_or_pull_while_a_faster_one_has_room() -> None:
+    round_ = RoutingRound(slow_fleet(out=1, run=1), S, NOW, random.Random(3))
+    assert {c.agent_id for c, _ in round_.grants(1000)} == {"f0", "f1", "f2"}
+    assert "slow" not in {c.agent_id for c, _ in round_.pulls()}
+    # The fast agents full (every slot running, their refill allowance unread): still no grant
+    # for the slow one (a grant is for a task that has not waited at all).
+    full = [told(f"f{i}", 40.0, out=6, run=4) for i in range(3)] + [told("slow", 400.0, out=1, run=1)]
+    round_ = RoutingRound(full, S, NOW, random.Random(3))
+    assert round_.grants(1000) == [] and round_.rooms == [3]
+    assert [c.agent_id for c, _ in round_.pulls()] == ["f0", "f1", "f2"]
+
+
+def test_a_slow_agent_holding_nothing_is_measured_again_after_a_while() -> None:
+    # Idle since its last success RECHECK_MS ago (or as long as its own time per task, if
+    # longer): one task, as any agent would get it (so an agent that recovered shows it);
+    # before that, or while it holds a task, only overflow.
+    for slow_ms, since, expect in ((400.0, RECHECK_MS - 1, 0), (400.0, RECHECK_MS, 1),
+                                   (4000.0, RECHECK_MS, 0), (4000.0, 4000, 1)):
+        fleet = slow_fleet()
+        fleet[-1].health.speed_ms = slow_ms
+        fleet[-1].health.last_success_ms = NOW - since
+        round_ = RoutingRound(fleet, S, NOW, random.Random(1))
+        picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW)) for i in range(18 + expect)]
+        assert sum(1 for p in picks if p and p.agent_id == "slow") == expect
+        assert round_.choose(ReadyTask("next", ready_at_ms=NOW)) is None
+
+
+def test_who_is_slower_than_the_fleet() -> None:
+    def slow_ones(*agents: Candidate) -> set[str]:
+        return RoutingRound(list(agents), S, NOW).slow_ids
+
+    # (Of two, the slow one is: the lower median. Speeds not yet known are no part of it.)
+    assert slow_ones(told("a", 40.0), told("b", 400.0)) == {"b"}
+    assert slow_ones(told("a", 40.0)) == set()
+    assert slow_ones(told("a", 400.0), told("b", 400.0), told("c", 40.0, samples=2)) == set()
+    assert slow_ones(told("a", 40.0), told("b", 400.0, samples=SPEED_KNOWN - 1)) == set()
+    # Most of a fleet slow: the lower median is a fast agent's, so the slow ones are slow.
+    assert slow_ones(told("a", 40.0), told("b", 40.0), told("c", 400.0), told("d", 400.0)) == {"c", "d"}
+    # Under the floor, milliseconds are noise: 25 ms against a fleet of 2 ms is not slow.
+    assert slow_ones(told("a", 2.0), told("b", 2.0), told("c", 25.0)) == set()
+    assert slow_ones(told("a", 2.0), told("b", 2.0), told("c", 31.0)) == {"c"}
+    # Slower than the fleet by less than slow_factor: not slow (its score says it).
+    assert slow_ones(told("a", 40.0), told("b", 40.0), told("c", 110.0)) == set()
+
+
+def test_the_told_speed_beats_the_heartbeats_stale_p50_in_the_score() -> None:
+    # The heartbeat still says 40 ms (and a 40 ms baseline); the completions say 400.
+    slow = told("slow", 400.0, latency_baseline_ms=40.0)
+    parts = components(slow, S, NOW, 40.0)
+    assert parts["latency"] == pytest.approx(0.1) and parts["penalty"] == S.slow_penalty
+    fresh = told("fresh", 40.0, samples=SPEED_KNOWN - 1, latency_baseline_ms=40.0)
+    assert speed(fresh) == 40.0 and components(fresh, S, NOW, 40.0)["penalty"] == 0.0
+    # (A no-op agent's speed is floored at 10 ms: against a 0 ms baseline that is no slowness.)
+    noop = told("noop", 10.0, latency_baseline_ms=0.0)
+    assert components(noop, S, NOW, 10.0)["penalty"] == 0.0
+
+
+def test_a_told_speed_is_news_when_it_becomes_known_or_moves_far() -> None:
+    loop = Observations(DispatcherContext.connect(Settings.load(redis_url="redis://unused:1/0")), "cap")
+    assert loop.note_told_speed("a", 40.0, SPEED_KNOWN - 1) is False  # (not judged yet)
+    assert loop.note_told_speed("a", 41.0, SPEED_KNOWN) is True  # known now
+    assert loop.note_told_speed("a", 50.0, 20) is False
+    assert loop.note_told_speed("a", 75.0, 21) is True  # 1.5 x
+    assert loop.note_told_speed("a", 60.0, 22) is False
+    assert loop.note_told_speed("a", 39.0, 23) is True
+    assert loop.health["a"].speed_ms == 39.0 and loop.health["a"].speed_samples == 23
+
+
+def test_a_weighted_pool_built_at_once_is_the_one_built_by_setting_each_weight() -> None:
+    rng = random.Random(11)
+    for n in (0, 1, 2, 3, 7, 8, 9, 100):
+        weights = [rng.choice([0.0, 1.0, rng.uniform(0, 100)]) for _ in range(n)]
+        built = WeightedPool(weights)
+        stepwise = WeightedPool([0.0] * n)
+        for i, w in enumerate(weights):
+            stepwise.set(i, w)
+        assert built.tree == pytest.approx(stepwise.tree) and built.positive == stepwise.positive
+        assert built.total() == pytest.approx(sum(weights))
+
+
+def test_grants_fill_free_slots_before_any_agents_prefetch() -> None:
+    # Submits take grants in order: a task in a free slot starts at once, one in a prefetch
+    # slot waits for that agent's next finished task, so every free slot comes first.
+    agents = [agent(f"a{i}", conc=4, out=o, run=o, latency_p50_ms=20.0) for i, o in enumerate((0, 2, 4))]
+    free = {"a0": 4, "a1": 2, "a2": 0}
+    for seed in range(20):
+        fresh = [agent(a.agent_id, conc=4, out=a.load.outstanding, run=a.load.running,
+                       latency_p50_ms=20.0) for a in agents]
+        grants = [c.agent_id for c, _ in RoutingRound(fresh, S, NOW, random.Random(seed)).grants(1000)]
+        head = Counter(grants[:sum(free.values())])
+        assert head == Counter({k: v for k, v in free.items() if v}), (seed, grants)
+        assert len(grants) > sum(free.values())  # (and then their prefetch: 4 each at 20 ms)

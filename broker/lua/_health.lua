@@ -1,7 +1,8 @@
 -- The agent health hash keeps, per agent, what routing needs (broker/protocol/health.py parses
 -- it): consecutive failures and the time of the last one (circuit breaker: `cf:`, `lf:`), the
 -- last success (affinity: `ok:`), consecutive tasks over the latency ceiling and the last one
--- (ejection: `cs:`, `ls:`). An invalid request is the request's fault and counts for neither.
+-- (ejection: `cs:`, `ls:`), and its speed (`sp:`, see speed_after). An invalid request is the
+-- request's fault and counts for neither.
 
 -- Take in one completion call's changes, in order: `h` = {succeeded (any success), failures
 -- (since the last success, or all), failed_any, slow_reset (a task within the ceiling), slow
@@ -40,4 +41,33 @@ local function note_health(h, status, outcome, exec_ms, ceiling)
       h.slow_reset, h.slow = true, 0
     end
   end
+end
+
+-- An agent's speed (`sp:<agent>` = `<ms> <samples> <told ms>`, parsed by
+-- broker/protocol/health.py, whose SPEED_* constants these are): a moving geometric mean of its
+-- successful tasks' execution times (`times`: this call's, in order), each below the floor
+-- counted as the floor; a plain mean of the first 1 / alpha. Geometric, because task times are
+-- heavy-tailed: one long call moves it by a fraction, ten slow calls in a row by most of the
+-- way. Returns {new field value without `told`, ms, samples, whether the dispatchers must be
+-- told (the speed just became known, or moved SPEED_TELL times either way since they last
+-- heard it), the speed they last heard}, or nil for a call without successes.
+local function speed_after(health, agent, times)
+  if #times == 0 then return nil end
+  local alpha, known, floor, tell = 0.2, 5, 10, 1.5
+  local before = redis.call('HGET', health, 'sp:' .. agent)
+  local ms, n, told = 0, 0, 0
+  if before then
+    local a, b, c = string.match(before, '^(%S+) (%d+) (%S+)$')
+    ms, n, told = tonumber(a) or 0, tonumber(b) or 0, tonumber(c) or 0
+    if ms <= 0 then n = 0 end
+  end
+  local log = n > 0 and math.log(ms) or 0
+  for _, t in ipairs(times) do
+    n = n + 1
+    log = log + math.max(alpha, 1 / n) * (math.log(math.max(tonumber(t) or 0, floor)) - log)
+  end
+  n = math.min(n, 1000)
+  ms = math.exp(log)
+  local news = n >= known and (told <= 0 or ms >= tell * told or told >= tell * ms)
+  return {string.format('%.1f %d', ms, n), ms, n, news, told}
 end

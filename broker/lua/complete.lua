@@ -16,6 +16,7 @@
 -- then for task i, 6 values from ARGV[12+6i]: inbox entry id, fencing token, outcome
 --   ('success', 'invalid_request', 'failure', 'bad_result', 'retryable_failure'),
 --   body (result JSON on success, else the error text), retry backoff ms, execution ms
+-- Keeps the agent's speed in its health hash (`sp:`, _health.lua).
 -- Returns {'refused'} for a bad token, else {inbox length, inbox pending, tasks pulled,
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[9])
@@ -34,6 +35,7 @@ local r = {agent = agent, now = now, now_s = jint(now), policy = policy,
            token_sha = function() sha = sha or redis.sha1hex(ARGV[2]); return sha end}
 local statuses, entries = {}, {}
 local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their execution time
+local ok_ms = {}  -- execution times of the successes (the agent's speed, _health.lua)
 local h = {succeeded = false, failures = 0, failed_any = false, slow_reset = false, slow = 0,
            slow_any = false}
 local oks, by_grant = 0, 0  -- successes, and those of tasks that came by grant (credits)
@@ -46,6 +48,7 @@ for i = 0, n - 1 do
   local status, f = apply_outcome(c, r, KEYS[14 + i], KEYS[3], KEYS[2])
   if status == 'ok' then
     oks = oks + 1
+    ok_ms[oks] = r.exec_ms
     -- (`round|why|score|eligible`: only `why` can read 'grant'; a plain find, on a drain's path)
     if f[13] and string.find(f[13], '|grant|', 1, true) then by_grant = by_grant + 1 end
   elseif status == 'retry' then
@@ -82,6 +85,8 @@ if h.succeeded and h.failures == 0 then
   if pull or all_ok then cf_before = redis.call('HGET', health, 'cf:' .. agent) end
 end
 local cf = record_health(health, agent, h, r.now_s)
+local speed = speed_after(health, agent, ok_ms)
+local tell_speed = speed ~= nil and speed[4]
 
 local len, pending = inbox_load(inbox)
 local pulled = 0
@@ -105,16 +110,21 @@ end
 flush_feed(c)
 
 -- A quiet completion (_credits.lua): give the grants back and tell nobody.
-local quiet = all_ok and not h.slow_any and pulled == 0 and (cf_before or '0') == '0'
+local quiet = all_ok and not h.slow_any and not tell_speed and pulled == 0 and (cf_before or '0') == '0'
   and redis.call('ZCARD', KEYS[7]) == 0
   and quiet_credits({grants = KEYS[10], granted = KEYS[11], tokens = KEYS[5]}, agent, by_grant)
 
--- The dispatchers keep each agent's load and health from these messages. A call that refilled
--- every slot it freed, after and before a success, changed neither (its inbox holds as many
--- entries as before): nothing to tell, and no dispatcher wakes for it; nor for a quiet one.
-if not quiet and not (pulled > 0 and pulled == timed and (cf_before or '0') == '0') then
-  wake_free(ARGV[10], ARGV[6], agent, len, pending, cf, timed, timed_ms, pulled)
+-- The dispatchers keep each agent's load, health and speed from these messages. A call that
+-- refilled every slot it freed, after and before a success, changed neither (its inbox holds as
+-- many entries as before): nothing to tell, and no dispatcher wakes for it; nor for a quiet
+-- one; unless the agent's speed is news (a slow agent must lose its share now, not at its next
+-- heartbeat).
+local told = speed and speed[5]
+if tell_speed or (not quiet and not (pulled > 0 and pulled == timed and (cf_before or '0') == '0')) then
+  wake_free(ARGV[10], ARGV[6], agent, len, pending, cf, timed, timed_ms, pulled, speed and speed[1])
+  told = speed and speed[2]
 end
+if speed then redis.call('HSET', health, 'sp:' .. agent, speed[1] .. ' ' .. string.format('%.1f', told)) end
 local out = {len, pending, pulled}
 for _, s in ipairs(statuses) do out[#out + 1] = s end
 return out

@@ -23,3 +23,8 @@ def decode(score: float) -> tuple[int, bool]:
     """(priority, has routing constraints) of a ready task, from its score's fraction."""
     steps = round((score - math.floor(score)) * 32)
     return max(0, min(9, steps // 2 - 1)), bool(steps % 2)
+
+
+def ready_at(score: float, priority: int, aging_ms: int) -> int:
+    """When the task became ready (server clock ms), from its score and its priority."""
+    return math.floor(score) + priority * aging_ms

@@ -1,10 +1,13 @@
 """The wake-ups dispatchers listen to, on the `<prefix>:wake` channel (built by lua/_wake.lua).
 
     task <cap>                          new or due tasks were queued
-    free <cap> <agent> <len> <pending> <failures> <n> <exec ms> <pulled>
+    free <cap> <agent> <len> <pending> <failures> <n> <exec ms> <pulled> [<speed ms> <samples>]
                                         an agent finished n tasks in exec ms in all (its exact
                                         inbox load after, its consecutive failures) and took
-                                        `pulled` ready tasks in their place (a standing pull)
+                                        `pulled` ready tasks in their place (a standing pull);
+                                        with its speed after them when some succeeded (see
+                                        protocol/health.py): sent also for a completion that
+                                        is otherwise quiet when that speed is news
     took <cap> <agent> <len> <pending> <n> <left>
                                         a submit handed n tasks straight to the agent (grants),
                                         leaving `left` grants: sent when that falls to a power
@@ -14,7 +17,7 @@
 
 Pub/sub only shortens waits (a dispatcher's idle tick makes progress if a message is lost), so
 a message that does not parse is dropped. Older producers' forms are still read: `free` with 5
-or 6 fields (no speed, no pull), `took` without `left` (one per hand-off).
+to 9 fields (no load speed, no pull, no speed), `took` without `left` (one per hand-off).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 from broker.keys import Channels
+from broker.protocol.health import parse_speed
 from broker.settings import Settings
 
 
@@ -46,10 +50,13 @@ class AgentFreed:
     exec_ms: float | None = None
     """Execution time of the `finished` tasks in all (None: not told)."""
     pulled: int = 0
+    speed: tuple[float, int] | None = None
+    """The agent's speed after these tasks, (ms, samples) (None: not told)."""
 
     def encode(self) -> str:
+        tail = "" if self.speed is None else f" {self.speed[0]:.1f} {self.speed[1]}"
         return (f"free {self.capability} {self.agent_id} {self.inbox_len} {self.inbox_pending} "
-                f"{self.failures or 0} {self.finished} {round(self.exec_ms or 0)} {self.pulled}")
+                f"{self.failures or 0} {self.finished} {round(self.exec_ms or 0)} {self.pulled}{tail}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +106,7 @@ def parse(text: str) -> WakeMessage | None:
             return RegistryChanged(parts[1])
         if kind == "policy" and len(parts) == 2:
             return PolicyChanged(parts[1])
-        if kind == "free" and 5 <= len(parts) <= 9:
+        if kind == "free" and (5 <= len(parts) <= 9 or len(parts) == 11):
             return _freed(parts)
         if kind == "took" and len(parts) in (6, 7):
             return GrantsTaken(parts[1], parts[2], int(parts[3]), int(parts[4]), int(parts[5]),
@@ -116,8 +123,9 @@ def _freed(parts: list[str]) -> AgentFreed | None:
         finished, exec_ms = int(parts[6]), float(parts[7])
         if finished <= 0 or not math.isfinite(exec_ms) or exec_ms < 0:
             finished, exec_ms = 1, None  # (a malformed speed is no news; the load still is)
+    speed = parse_speed(f"{parts[9]} {parts[10]}") if len(parts) == 11 else None
     return AgentFreed(parts[1], parts[2], int(parts[3]), int(parts[4]), failures, finished,
-                      exec_ms, int(parts[8]) if len(parts) == 9 else 0)
+                      exec_ms, int(parts[8]) if len(parts) >= 9 else 0, speed)
 
 
 def channel_name(settings: Settings) -> str:

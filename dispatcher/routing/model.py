@@ -46,6 +46,8 @@ class ReadyTask:
     """The agent whose attempt failed last: a retry goes elsewhere when another agent can take it."""
     session_agent: str = ""
     """The agent that served the task's session last."""
+    ready_at_ms: int = 0
+    """When it became ready, by the server's clock (0: not known, as if long ago)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,13 +10,17 @@ class WeightedPool:
     """Weighted random sampling with O(log n) updates (a Fenwick tree of weights)."""
 
     def __init__(self, weights: Sequence[float]) -> None:
-        self.n = len(weights)
-        self.weights = [0.0] * self.n
-        self.tree = [0.0] * (self.n + 1)
-        self.positive = 0
+        self.n = n = len(weights)
+        self.weights = [float(w) for w in weights]
+        self.positive = sum(1 for w in self.weights if w > 0)
         """How many weights are above zero (the agents a choice was made among)."""
-        for i, w in enumerate(weights):
-            self.set(i, w)
+        # (Built in O(n): each node adds itself into its parent, as `set` would one by one.)
+        tree = [0.0, *self.weights]
+        for i in range(1, n + 1):
+            parent = i + (i & -i)
+            if parent <= n:
+                tree[parent] += tree[i]
+        self.tree = tree
 
     def set(self, i: int, weight: float) -> None:
         delta = weight - self.weights[i]

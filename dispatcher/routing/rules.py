@@ -10,9 +10,27 @@ agent of the region while one is alive, busy or not, else any), version constrai
 (an agent that recovered less than cold_start_ms ago gets only tasks of priority <=
 cold_start_max_priority, unless no warm agent can take the task).
 
+Speed: how long an agent takes per task, judged from the speed its completions keep in the
+health hash (a moving geometric mean of its latest successes, see broker/protocol/health.py:
+it turns within a handful of tasks, and the completion that moves it far enough tells the
+dispatchers at once) once it counted SPEED_KNOWN tasks, else from the heartbeat's p50 of the
+last 100 (which turns after some fifty tasks and arrives with the next heartbeat).
+
+Slower than the fleet: an agent whose told speed is above slow_factor x the fleet's (the lower
+median of the told speeds of the capability's healthy agents, at least two of them; floored at
+SPEED_FLOOR_MS) is the overflow: it takes a task only where no faster agent has room, and only
+one that has waited in the queue twice as long as the agent is slower than the fleet per task
+(round.py's OVERFLOW_WAIT; at once when no faster agent could take it later), never more than
+its free slots (no prefetch, no grant, no pull); and, once it holds nothing and its last
+success is RECHECK_MS old (or its own time per task, if longer), one task to measure it again,
+as any agent would get it. A task
+sent to it takes slow_factor x longer than anywhere else, while in the queue the next free slot
+of a faster agent takes it; only a backlog that makes the wait longer than the slowness is
+worth the slow agent's help.
+
 Score, in points: 100 x (0.35 free capacity + 0.30 affinity + 0.20 latency + 0.15 stability),
-minus 30 while the agent runs slower than 3 x its own baseline; never below 1 so that every
-eligible agent keeps a chance. Weights and thresholds come from the settings.
+minus 30 while the agent runs slower than 3 x its own baseline or than the fleet; never below 1
+so that every eligible agent keeps a chance. Weights and thresholds come from the settings.
 
 Choice: weighted random by score (not argmax, which makes hot spots). A task with a session goes
 to the session's agent while it passes the filters; otherwise it is rebalanced and the session
@@ -25,19 +43,25 @@ its inbox: nothing for a slow agent or one of unknown speed), topped up once hal
 never more unread entries than backlog_factor x max_concurrency (the dispatch script enforces
 this atomically too); within that, free slots plus a prefetch
 sized to the agent's speed (about what it finishes while the dispatcher refills, Little's law):
-fast agents get a deep buffer, slow ones little more than their free slots, so queued work stays
-in the priority queue where any agent can take it.
+fast agents get a deep buffer, slow ones little more than their free slots (and those slower
+than the fleet their free slots only), so queued work stays in the priority queue where any
+agent can take it.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+from broker.protocol.health import SPEED_FLOOR_MS, SPEED_KNOWN
 from broker.settings import Settings
 from dispatcher.routing.model import Candidate
 
 REFILL_WINDOW_MS = 20.0
 """How long the dispatcher may take to refill an inbox; prefetch covers this much work."""
+RECHECK_MS = 1000
+"""An agent slower than the fleet that holds nothing gets one task this long after its last
+success, to see whether it still is (four or five such tasks bring a recovered agent back)."""
 
 
 def max_unread(candidate: Candidate, settings: Settings) -> int:
@@ -50,6 +74,33 @@ def task_ms(candidate: Candidate) -> float | None:
     if candidate.recent_exec_ms is not None:
         return candidate.recent_exec_ms
     return candidate.latency_p50_ms
+
+
+def told_speed(candidate: Candidate) -> float | None:
+    """The agent's speed as its completions keep it, once they counted enough tasks."""
+    h = candidate.health
+    return h.speed_ms if h.speed_samples >= SPEED_KNOWN and h.speed_ms > 0 else None
+
+
+def speed(candidate: Candidate) -> float | None:
+    """How long the agent takes per task, for judging it: its told speed, else the heartbeat's
+    p50 (see the module's docstring)."""
+    told = told_speed(candidate)
+    return told if told is not None else candidate.latency_p50_ms
+
+
+def fleet_speed(candidates: Iterable[Candidate]) -> float | None:
+    """The lower median of the agents' told speeds (None with fewer than two): an agent is
+    slower than the fleet against this (the lower one, so that of two agents the slow one is)."""
+    known = sorted(ms for c in candidates if (ms := told_speed(c)) is not None)
+    if len(known) < 2:
+        return None
+    return max(known[(len(known) - 1) // 2], SPEED_FLOOR_MS)
+
+
+def slower_than_fleet(candidate: Candidate, settings: Settings, fleet_ms: float | None) -> bool:
+    ms = told_speed(candidate)
+    return fleet_ms is not None and ms is not None and ms > settings.slow_factor * fleet_ms
 
 
 def refill_allowance(candidate: Candidate, settings: Settings) -> int:
@@ -121,19 +172,21 @@ def gate(candidate: Candidate, settings: Settings, now_ms: int,
 
 
 def components(candidate: Candidate, settings: Settings, now_ms: int,
-               best_p50: float | None) -> dict[str, float]:
-    """The score's parts, each 0..1, and the slowness penalty in points."""
+               best_ms: float | None, slower_than_fleet: bool = False) -> dict[str, float]:
+    """The score's parts, each 0..1, and the slowness penalty in points. `best_ms`: the
+    fastest agent's speed; `slower_than_fleet`: see the module's docstring."""
     c = candidate
     free = min(max(1.0 - c.load.outstanding / c.max_concurrency, 0.0), 1.0)
     affinity = 0.0
     if c.health.last_success_ms:
         affinity = max(0.0, 1.0 - (now_ms - c.health.last_success_ms) / settings.affinity_window_ms)
     latency = 0.5
-    if c.latency_p50_ms is not None and best_p50 is not None:
-        latency = min(1.0, max(best_p50, 0.01) / max(c.latency_p50_ms, 0.01))
+    ms = speed(c)
+    if ms is not None and best_ms is not None:
+        latency = min(1.0, max(best_ms, 0.01) / max(ms, 0.01))
     stability = 1.0 if c.stability is None else min(max(c.stability, 0.0), 1.0)
-    slow = (c.latency_p50_ms is not None and c.latency_baseline_ms is not None
-            and c.latency_p50_ms > settings.slow_factor * max(c.latency_baseline_ms, 0.01))
+    slow = slower_than_fleet or (ms is not None and c.latency_baseline_ms is not None
+                                 and ms > settings.slow_factor * max(c.latency_baseline_ms, SPEED_FLOOR_MS))
     return {"free": free, "affinity": affinity, "latency": latency, "stability": stability,
             "penalty": settings.slow_penalty if slow else 0.0}
 

@@ -3,18 +3,20 @@
 Agents: `python -m reach_cli.worker --capability fleet --handler
 bench.fleet.agents.reach_handler:handle --concurrency 4 --agent-id aN`; one dispatcher,
 `python -m reach_cli dispatcher`; only REDIS_URL and REACH_PREFIX set (a labelled variant may
-add REACH_* settings). Ready when every agent is registered and healthy by the server clock.
+add REACH_* settings). Ready when every agent is registered and healthy by the server clock,
+and the dispatcher has routed (its grants stand).
 A fenced late result leaves a `late_result_rejected` event on the task's record: those are the
 refused duplicates.
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 from bench.fleet.systems.base import System
-from bench.procs import Proc
+from bench.procs import Proc, ProcessFailed
 from bench.rows.reach import wait_healthy
 from broker.keys import CapabilityKeys
 from broker.scripts import SCRIPT_NAMES, source
@@ -64,8 +66,26 @@ class ReachSystem(System):
             r.close()
 
     def start_helpers(self) -> list[Proc]:
+        """The dispatcher, once it routes: its first round leaves grants for the idle agents.
+        (A dispatcher runs for long in production; on a loaded machine its start took a second,
+        which the first tasks of a run waited for, counted against Reach.)"""
+        import redis
+
         argv = self.ctx.python("reach_cli", "dispatcher")
-        return [self.ctx.sup.spawn("reach-dispatcher", argv, self.env())]
+        dispatcher = self.ctx.sup.spawn("reach-dispatcher", argv, self.env())
+        r = redis.Redis.from_url(self.ctx.url)
+        granted = CapabilityKeys(self.ctx.prefix, CAPABILITY).granted
+        deadline = time.monotonic() + 60
+        try:
+            while not r.exists(granted):
+                dispatcher.check_alive()
+                if time.monotonic() > deadline:
+                    raise ProcessFailed(f"reach-dispatcher left no grants within 60 s "
+                                        f"(log: {dispatcher.log_path})")
+                time.sleep(0.02)
+        finally:
+            r.close()
+        return [dispatcher]
 
     def start_producer(self, plan: Path, out: Path, deadline_s: float) -> Proc:
         argv = self.ctx.python("bench.fleet.producers.reach_producer", "--url", self.ctx.url,
