@@ -109,6 +109,8 @@ class TaskStatus(BaseModel):
     session_id: str | None = None
     region: str | None = None
     trace_id: str | None = None
+    progress_dropped: int = 0
+    """Progress events dropped to keep the latest max_progress_events."""
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> TaskStatus:
@@ -131,6 +133,7 @@ class TaskStatus(BaseModel):
             session_id=record.get("session_id") or None,
             region=record.get("region") or None,
             trace_id=record.get("trace_id") or None,
+            progress_dropped=int(record.get("progress_dropped") or 0),
         )
 
     def cli_dict(self) -> dict[str, Any]:
@@ -146,6 +149,7 @@ class TaskStatus(BaseModel):
             "finished_at": _iso(self.finished_at),
             "reason": self.reason,
             "error": self.error,
+            "progress_dropped": self.progress_dropped,
         }
 
 

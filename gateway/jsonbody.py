@@ -13,7 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
 
-from broker import codec
+from broker import codec, limits
+from broker.errors import NestedTooDeep
 from gateway.errors import ApiError
 
 DEFAULT_BODY_LIMIT = 2 * 1024 * 1024 + 65536
@@ -40,11 +41,26 @@ class LimitedJsonRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
+            body = await self.body()
+            check_body_depth(body, self.app.state.gateway.settings.max_json_depth)
             try:
-                self._json = codec.loads(await self.body())
+                self._json = codec.loads(body)
             except (ValueError, RecursionError) as exc:
                 raise ApiError(400, "invalid_json", f"the body is not strict JSON: {exc}") from None
         return self._json
+
+
+ENVELOPE_LEVELS = 2
+"""Levels a body adds around what it carries (a submit's object; a batch's object and list)."""
+
+
+def check_body_depth(body: bytes, max_depth: int, envelope: int = ENVELOPE_LEVELS) -> None:
+    """422 nested_too_deep for a body nested deeper than max_json_depth allows what it carries
+    (checked before it is parsed: a deep body costs nothing more than a count of its brackets)."""
+    try:
+        limits.check_depth(body, max_depth + envelope, "the request body")
+    except NestedTooDeep as exc:
+        raise ApiError(422, "nested_too_deep", f"{exc} + {envelope} for the body's own levels") from None
 
 
 def _too_large(limit: int) -> ApiError:

@@ -69,7 +69,8 @@ async def submit(request: Request) -> JSONResponse:
     # (It reads its request itself: FastAPI's parameters and dependencies cost a quarter of a
     # submit's time; the document above says the same as they would.)
     gw = state_of(request.app)
-    await gw.auth.check(credentials_of(request.headers.get("authorization")), Role.PRODUCER)
+    await gw.auth.check(credentials_of(request.headers.get("authorization")), Role.PRODUCER,
+                        request.client.host if request.client else None)
     body = await read_model(request, SubmitBody)
     idempotency_key = request.headers.get("idempotency-key")
     if idempotency_key is not None and not 0 < len(idempotency_key) <= MAX_LABEL_LEN:
