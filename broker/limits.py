@@ -18,8 +18,10 @@ from broker.errors import InvalidPayload, NestedTooDeep, PayloadTooLarge
 
 DEFAULT_MAX_DEPTH = 64
 
-# A JSON string (its escapes included), as bytes: what is inside it is no nesting.
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+# A JSON string (its escapes included), as bytes: what is inside it is no nesting. An unclosed
+# one runs to the end of the text: every match then succeeds at its first try, so the scan stays
+# linear whatever the text (a pattern that must find the closing quote is quadratic on `"\"\"...`).
+_STRING = re.compile(rb'"[^"\\]*(?:\\[\s\S]?[^"\\]*)*(?:"|\Z)')
 # Brackets as steps of +1 (opening) and -1 (closing, 0xff as a signed byte); everything else out.
 _STEPS = bytes.maketrans(b"[{]}", b"\x01\x01\xff\xff")
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
