@@ -29,10 +29,10 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
 
 def nesting_depth(text: str | bytes) -> int:
     """How deep a JSON text nests (0 for a scalar, 1 for `[]` or `{"a": 1}`). For text that is
-    not JSON the answer is an upper bound (an unclosed string's brackets count)."""
-    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else bytes(text)
+    not JSON it is an estimate (its parser refuses such text anyway)."""
+    data = text.encode("utf-8", "surrogatepass") if isinstance(text, str) else text
     steps = _STRING.sub(b"", data).translate(_STEPS, _NOT_BRACKETS)
-    return max(accumulate(array("b", steps)), default=0)
+    return max(accumulate(array("b", steps), initial=0))
 
 
 def nests_deeper(text: str | bytes, limit: int) -> bool:

@@ -35,8 +35,8 @@ async def loud_progress(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, 
         await ctx.progress(message="m" * int(payload["size"]))
     except ValueError as exc:
         refused["size"] = str(exc)
-    nested: Any = {}
-    for _ in range(int(payload.get("depth", 1)) - 1):
+    nested: Any = {}  # (with the report's own object around it: payload['depth'] levels)
+    for _ in range(int(payload.get("depth", 2)) - 2):
         nested = {"n": nested}
     try:
         await ctx.progress(0.5, "nested", detail=nested)

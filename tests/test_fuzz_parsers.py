@@ -230,8 +230,11 @@ def test_a_progress_line_over_the_limit_is_dropped_and_the_stream_goes_on() -> N
 
 
 def test_the_refusal_the_bridge_drops_is_the_one_the_worker_raises() -> None:
+    async def report() -> None:
+        await _ctx([], refuse_over=10).progress(0.5, "x" * 20)
+
     with pytest.raises(PayloadTooLarge):
-        asyncio.run(_ctx([], refuse_over=10).progress(0.5, "x" * 20))
+        asyncio.run(report())
 
 
 # -- DLQ import files ---------------------------------------------------------------------------
