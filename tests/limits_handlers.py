@@ -43,3 +43,7 @@ async def loud_progress(ctx: TaskContext, payload: dict[str, Any]) -> dict[str, 
     except ValueError as exc:
         refused["depth"] = str(exc)
     return refused
+
+
+async def echo(ctx: TaskContext, payload: Any) -> Any:
+    return payload

@@ -51,7 +51,7 @@ def spine(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     fleet = Fleet(settings, tmp_path_factory.mktemp("fuzz"))
     try:
         fleet.dispatcher("fuzz", "fuzzin")
-        fleet.worker("fuzzin", handler="tests.handlers:echo", agent_id="fuzz-agent")
+        fleet.worker("fuzzin", handler="tests.limits_handlers:echo", agent_id="fuzz-agent")
         yield settings, fleet
         for proc in fleet.procs:
             assert proc.popen.poll() is None, f"{proc.name} exited:\n{proc.output()[-3000:]}"
