@@ -186,6 +186,37 @@ def test_the_worker_still_serves_after_malformed_inbox_entries(spine: tuple[Sett
         r.close()
 
 
+WAKE_TEXT = st.one_of(
+    st.builds(" ".join, st.lists(st.sampled_from(["task", "free", "took", "agent", "policy", "fuzz",
+                                                  "fuzz-agent", "1", "-1", "nan", "1e400", "*", ""])
+                                 | st.text(max_size=8), max_size=10)),
+    st.binary(max_size=40),
+)
+
+
+@bounded(10)
+@given(messages=st.lists(WAKE_TEXT, min_size=1, max_size=20),
+       grants=st.lists(st.text(max_size=30) | st.builds("|".join, st.lists(st.text(max_size=6), max_size=6)),
+                       max_size=5))
+def test_wake_messages_and_grants_do_not_stop_the_spine(spine: tuple[Settings, Fleet], messages: list[Any],
+                                                        grants: list[str]) -> None:
+    # Forged wake-ups on the dispatchers' channel, and forged grants where submit looks for a
+    # hand-off: the dispatcher drops what does not parse, submit skips what does not match.
+    settings, fleet = spine
+    ck = CapabilityKeys(settings.prefix, "fuzzin")
+    r = sync_redis(settings.redis_url, encoding_errors="surrogateescape")
+    try:
+        for message in messages:
+            r.publish(Channels(settings.prefix).wake, message)
+        if grants:
+            r.lpush(ck.grants, *grants)
+        with ReachClient(settings) as client:
+            assert client.submit("fuzzin", {"ok": 1}).result(timeout=30) == {"ok": 1}
+        assert all(proc.popen.poll() is None for proc in fleet.procs)
+    finally:
+        r.close()
+
+
 # -- the gateway --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
