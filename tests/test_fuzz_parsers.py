@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from agent_worker.context import TaskContext
@@ -43,7 +43,7 @@ SURROGATES = st.text(alphabet=st.characters(min_codepoint=0xD800, max_codepoint=
 ANY_TEXT = (st.text(max_size=40) | st.text(alphabet="|:{}[]\" \\0123456789-.eE,\n", max_size=40)
             | st.builds(str.__add__, st.text(max_size=5), SURROGATES))
 NUMBER_TEXT = st.sampled_from(["", "0", "5", "-1", "10", "1e400", "nan", "inf", "-inf", "1_0",
-                               " 7 ", "9" * 5000, "0x10", "٣"])
+                               " 7 ", "9" * 5000, "0x10", "٣", "¹", "²"])
 # JSON text, and text that looks like it: deep, unbalanced, with NaN, huge numbers.
 JSONISH = (
     st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=10),
@@ -172,6 +172,7 @@ OUTCOMES = (InvalidRequest, Retryable, AgentFailed)
 @bounded(500)
 @given(status=st.integers(100, 599), body=BODIES, headers=HEADERS)
 def test_http_answers(status: int, body: bytes, headers: dict[str, str]) -> None:
+    # (a 503 whose Retry-After is '¹' was a ValueError, not a retry: test_retry_after_headers)
     try:
         interpret(status, body, headers)
     except OUTCOMES as exc:
@@ -181,9 +182,16 @@ def test_http_answers(status: int, body: bytes, headers: dict[str, str]) -> None
 
 @bounded(200)
 @given(value=ANY_TEXT | NUMBER_TEXT)
+@example(value="¹")  # (found by the long run: a ValueError out of the bridge instead of a retry)
 def test_retry_after_headers(value: str) -> None:
     wait = retry_after_s(value)
     assert wait is None or 0 <= wait <= 86_400
+
+
+def test_a_retry_after_of_other_digits_is_no_hint() -> None:
+    with pytest.raises(Retryable) as retry:
+        interpret(503, b"busy", {"retry-after": "\u00b9"})
+    assert retry.value.retry_after_s is None
 
 
 def _ctx(seen: list[dict[str, Any]], refuse_over: int | None = None) -> TaskContext:
