@@ -58,7 +58,7 @@ class Guard:
 
     async def _body(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> bytes:
         declared = headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self.limit:
+        if declared.isascii() and declared.isdigit() and int(declared) > self.limit:
             raise _too_large(self.limit)
         chunks: list[bytes] = []
         size = 0

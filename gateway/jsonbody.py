@@ -26,8 +26,8 @@ class LimitedJsonRequest(Request):
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            declared = self.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            declared = self.headers.get("content-length", "")
+            if declared.isascii() and declared.isdigit() and int(declared) > self.limit:
                 raise _too_large(self.limit)
             chunks: list[bytes] = []
             size = 0

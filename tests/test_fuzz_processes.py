@@ -279,3 +279,18 @@ def test_the_gateway_limits_depth_and_size(gateway: httpx.Client) -> None:
     batch = gateway.post("/v1/tasks/batch", content=b'{"capability": "fuzz", "payloads": [' + b"[" * 17
                          + b"]" * 17 + b"]}")
     assert batch.status_code == 422 and batch.json()["error"]["code"] == "nested_too_deep"
+
+
+@pytest.mark.parametrize(("method", "path", "headers"), [
+    ("GET", "/v1/tasks/fuzzin:01JB0000000000000000000000/events", {"Last-Event-ID": "\u00b2"}),
+    ("GET", "/console", {"Cookie": "reach_console=k.n.\u00b2.m"}),
+    ("POST", "/v1/callbacks/fuzzin:01JB0000000000000000000000",
+     {"X-Reach-Callback-Token": "\u00b2." + "s" * 20, "Content-Type": "application/json"}),
+])
+def test_digits_that_are_not_ascii_are_refused_not_a_server_error(
+        gateway: httpx.Client, method: str, path: str, headers: dict[str, str]) -> None:
+    # (regression: '\u00b2'.isdigit() is true and int('\u00b2') fails: each answered 500)
+    encoded = {k: v.encode("latin-1") for k, v in headers.items()}
+    response = gateway.request(method, path, headers=encoded, content=b'{"status": "success"}'
+                               if method == "POST" else None)
+    assert 400 <= response.status_code < 500 or response.status_code in (200, 303, 307), response.text[:300]
