@@ -121,7 +121,8 @@ class Attempts:
         end: AttemptEnd | None = None
         try:
             end = await run_attempt(attempt.binding, ctx, payload, self.threads,
-                                    self.settings.max_payload_bytes, self._retry_failures(attempt.binding))
+                                    self.settings.max_result_bytes, self._retry_failures(attempt.binding),
+                                    max_depth=self.settings.max_json_depth)
         except asyncio.CancelledError:
             end = AttemptEnd(Outcome.RETRYABLE_FAILURE, "worker stopped before the task finished", 0)
         except Exception as exc:  # (run_attempt turns a handler's errors into outcomes: not this)

@@ -54,6 +54,9 @@ class TaskContext:
         """Report progress (fraction 0..1, a message, any JSON fields).
 
         `await ctx.progress(0.5, "half way")` in async handlers; sync handlers just call it.
+        A report over max_progress_message_bytes, or nested deeper than max_json_depth, raises
+        PayloadTooLarge or NestedTooDeep (both ValueErrors) and is not recorded; a task keeps
+        its latest max_progress_events reports.
         """
         if fraction is not None and not 0.0 <= fraction <= 1.0:
             raise ValueError(f"progress fraction must be between 0 and 1, got {fraction!r}")

@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from agent_worker.binding import Binding
 from agent_worker.classify import classify, describe
 from agent_worker.context import TaskContext
-from broker import codec
+from broker import codec, limits
 from broker.errors import InvalidPayload
 from broker.models import Outcome
 
@@ -42,8 +42,10 @@ class AttemptEnd:
 
 async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
                       threads: Executor, max_result_bytes: int,
-                      retry_failures: bool | None = None) -> AttemptEnd:
-    """`retry_failures`: the capability's policy (None: the binding's own setting)."""
+                      retry_failures: bool | None = None,
+                      max_depth: int = limits.DEFAULT_MAX_DEPTH) -> AttemptEnd:
+    """`retry_failures`: the capability's policy (None: the binding's own setting). A result
+    over `max_result_bytes` or nested deeper than `max_depth` ends the task as bad_result."""
     started = time.perf_counter()
 
     def end(outcome: Outcome, body: str, retry_after_s: float | None = None) -> AttemptEnd:
@@ -90,7 +92,7 @@ async def run_attempt(binding: Binding, ctx: TaskContext, payload_text: str,
     try:
         if isinstance(result, BaseModel):
             result = result.model_dump(mode="json")
-        body = codec.encode_payload(result, max_result_bytes, where="result")
+        body = codec.encode_payload(result, max_result_bytes, "result", max_depth, "max_result_bytes")
     except InvalidPayload as exc:
         return end(Outcome.BAD_RESULT, f"handler returned a bad result: {exc}")
     except Exception as exc:  # (a model whose serializer fails, a value JSON cannot encode)

@@ -109,15 +109,14 @@ class Reporter:
             body["fraction"] = fraction
         if message is not None:
             body["message"] = message
-        try:
-            codec.check_json_value(body, "progress")
-        except codec.NotStrictJson as exc:
-            raise ValueError(str(exc)) from None
+        # (InvalidPayload, a ValueError, to the handler: not strict JSON, or over a limit)
+        text = codec.encode_payload(body, self.settings.max_progress_message_bytes, "progress",
+                                    self.settings.max_json_depth, "max_progress_message_bytes")
         session = self.session
         try:
             status = parse_progress(await self.scripts(progress_call(
                 self.settings, ctx.capability, attempt.lease.local_id, session.agent_id,
-                session.token, attempt.lease.fence, body)))
+                session.token, attempt.lease.fence, text)))
         except outages.TRANSIENT_ERRORS as exc:
             log.warning("progress of %s not recorded: %s", ctx.task_id, exc)
             return True

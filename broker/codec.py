@@ -11,7 +11,8 @@ import json
 import math
 from typing import Any
 
-from broker.errors import InvalidPayload
+from broker import limits
+from broker.errors import InvalidPayload, NestedTooDeep
 
 _SCALARS = (str, int, float, bool, type(None))
 
@@ -155,8 +156,10 @@ def dumps(value: Any) -> str:
     return _ENCODER.encode(value)
 
 
-def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
-    """Validate and encode a payload; InvalidPayload says exactly what is wrong."""
+def encode_payload(value: Any, max_bytes: int, where: str = "payload",
+                   max_depth: int = limits.DEFAULT_MAX_DEPTH, setting: str = "max_payload_bytes") -> str:
+    """Validate and encode a payload; InvalidPayload (PayloadTooLarge, NestedTooDeep) says
+    exactly what is wrong. `setting`: the limit's name, for the message."""
     try:
         check_json_value(value, where)
     except NotStrictJson as exc:
@@ -164,18 +167,22 @@ def encode_payload(value: Any, max_bytes: int, where: str = "payload") -> str:
     try:
         text = dumps(value)
     except RecursionError:
-        raise InvalidPayload(f"{where} is nested too deeply to encode") from None
-    size = len(text.encode("utf-8"))
-    if size > max_bytes:
-        raise InvalidPayload(f"{where} is {size} bytes of JSON, over the limit of {max_bytes} bytes")
+        raise NestedTooDeep(f"{where} is nested too deeply to encode (the limit is "
+                                   f"{max_depth}, max_json_depth)") from None
+    limits.check_text(text, max_bytes, max_depth, where, setting)
     return text
 
 
 def loads(text: str | bytes) -> Any:
-    """Parse strict JSON (NaN and Infinity are refused)."""
+    """Parse strict JSON (NaN and Infinity are refused). A text nested too deeply for the parser
+    is a ValueError like any other that is not JSON (not a RecursionError, which callers that
+    read strangers' data would not expect)."""
     if not isinstance(text, str):
         text = text.decode("utf-8")  # (as json.loads does; its UTF-16/32 sniffing is not needed)
-    return _DECODER.decode(text)
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
 
 
 _EXACT_INT = 2**53

@@ -3,7 +3,9 @@
     ReachError
     ├── BadInput                      the caller asked for something invalid; nothing was written
     │   ├── InvalidCapability         capability name does not match ^[a-z0-9][a-z0-9_.-]{0,63}$
-    │   ├── InvalidPayload            not strict JSON, or larger than max_payload_bytes
+    │   ├── InvalidPayload            not strict JSON, or over a limit (broker/limits.py)
+    │   │   ├── PayloadTooLarge       more bytes of JSON than its limit (max_payload_bytes ...)
+    │   │   └── NestedTooDeep         JSON nested deeper than max_json_depth
     │   ├── InvalidPriority           not an int in 0..9
     │   ├── InvalidTaskId             not of the form "<capability>:<26-char id>"
     │   └── ConfigError               a setting or config file that cannot be used
@@ -40,6 +42,14 @@ class InvalidCapability(BadInput):
 
 class InvalidPayload(BadInput):
     pass
+
+
+class PayloadTooLarge(InvalidPayload):
+    """A payload, result, metadata or progress message over its size limit."""
+
+
+class NestedTooDeep(InvalidPayload):
+    """JSON nested deeper than max_json_depth."""
 
 
 class InvalidPriority(BadInput):

@@ -41,6 +41,7 @@ cannot start with '_', so the two never collide).
 | P:{_registry}:policy, :policy:history | the fleet's policy (9), its changes | policy scripts | never |
 | P:{_registry}:schedules, :fires | periodic schedules (JSON); last fire time | schedules | removed |
 | P:{_registry}:apikeys | hash sha256 of an API key -> its record (JSON) | `reach keys` | revoked |
+| P:{_rate:<who>} | hash: the gateway's token bucket of an API key or address (tokens, at) | gateways | idle |
 | P:{_a2a}:tasks | zset task id -> created ms: tasks submitted over A2A (11) | gateway | trimmed |
 | P:{_a2a}:context:{id} | zset task id -> created ms: one A2A context's tasks | gateway | result_ttl |
 | P:{_registry}:console:secret | string: the key that signs console sessions | the first gateway | never |
@@ -340,6 +341,11 @@ class RegistryKeys:
 
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"
+
+    def gateway_rate(self, identity: str) -> str:
+        """The gateway's token bucket of one API key (`key:<id>`) or client address
+        (`addr:<host>`): a hash tag of its own, so the buckets spread over a Cluster's slots."""
+        return f"{self.prefix}:{{_rate:{identity.replace('{', '').replace('}', '')}}}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,8 @@ class TaskStatus(BaseModel):
     region: str | None = None
     trace_id: str | None = None
     """The W3C trace id (32 hex) of the task's traceparent."""
+    progress_dropped: int = 0
+    """Progress events dropped to keep the latest max_progress_events."""
 
     @classmethod
     def from_record(cls, record: dict[str, str]) -> TaskStatus:
@@ -133,6 +135,7 @@ class TaskStatus(BaseModel):
             session_id=record.get("session_id") or None,
             region=record.get("region") or None,
             trace_id=trace_id_of(record.get("trace")),
+            progress_dropped=int(record.get("progress_dropped") or 0),
         )
 
     def cli_dict(self) -> dict[str, Any]:
@@ -148,6 +151,8 @@ class TaskStatus(BaseModel):
             "finished_at": _iso(self.finished_at),
             "reason": self.reason,
             "error": self.error,
+            "trace_id": self.trace_id,
+            "progress_dropped": self.progress_dropped,
         }
 
 

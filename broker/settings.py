@@ -116,6 +116,21 @@ class Settings(BaseSettings):
     backlog_factor: int = Field(5, ge=1)
     max_queue_depth: int = Field(100000, ge=1)
     max_payload_bytes: int = Field(1048576, ge=1)
+    # Limits on what crosses a trust boundary (broker/limits.py checks them).
+    max_result_bytes: int = Field(1048576, ge=1)
+    """A handler's result larger than this (JSON bytes) fails the task as bad_result."""
+    max_metadata_bytes: int = Field(65536, ge=1)
+    max_progress_message_bytes: int = Field(65536, ge=1)
+    """One progress report's JSON (fraction, message and fields): a larger one is refused."""
+    max_json_depth: int = Field(64, ge=1, le=10000)
+    """How deep payloads, results, metadata, progress and request bodies may nest."""
+    max_progress_events: int = Field(100, ge=1)
+    """A task keeps its latest this many progress events (older ones dropped and counted)."""
+    gateway_rate_limit: float = Field(0.0, ge=0)
+    """Requests per second the gateway takes from one API key (keyless: one client address);
+    0: no limit. Over it: 429 with Retry-After."""
+    gateway_rate_burst: int = Field(0, ge=0)
+    """Requests one key may make at once (0: one second's worth of gateway_rate_limit, at least 1)."""
     result_ttl_ms: int = Field(86400000, gt=0)
     idempotency_ttl_ms: int = Field(86400000, gt=0)
     default_timeout_ms: int = Field(300000, gt=0)

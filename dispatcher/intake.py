@@ -26,8 +26,8 @@ from typing import Any
 
 import redis
 
-from broker import codec
-from broker.errors import BadInput, QueueFull
+from broker import codec, limits
+from broker.errors import BadInput, NestedTooDeep, QueueFull
 from broker.keys import DISPATCH_GROUP, CapabilityKeys
 from broker.protocol.lifecycle import dead_letter_raw_call
 from broker.protocol.submit import (
@@ -56,13 +56,15 @@ def _number(fields: dict[str, str], name: str, kind: type[int] | type[float]) ->
         raise BadInput(f"{name} must be a number, got {text!r}") from None
 
 
-def _json_field(fields: dict[str, str], name: str) -> Any:
+def _json_field(fields: dict[str, str], name: str, max_depth: int) -> Any:
+    text = fields[name]
+    if limits.nests_deeper(text, max_depth):  # (refused before it is parsed, however deep)
+        raise NestedTooDeep(f"{name} is nested too deeply to parse ({limits.nesting_depth(text)} "
+                            f"levels; max_json_depth is {max_depth})")
     try:
-        return codec.loads(fields[name])
+        return codec.loads(text)
     except ValueError as exc:
         raise BadInput(f"{name} is not strict JSON: {exc}") from None
-    except RecursionError:
-        raise BadInput(f"{name} is nested too deeply to parse") from None
 
 
 def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
@@ -74,8 +76,8 @@ def parse_intake_entry(settings: Settings, capability: str, entry_id: str,
     for name, value in fields.items():
         if any("\udc80" <= ch <= "\udcff" for ch in value):
             raise BadInput(f"field {name} is not UTF-8 text")
-    payload = _json_field(fields, "payload")
-    metadata = _json_field(fields, "metadata") if fields.get("metadata") else None
+    payload = _json_field(fields, "payload", settings.max_json_depth)
+    metadata = _json_field(fields, "metadata", settings.max_json_depth) if fields.get("metadata") else None
     priority = _number(fields, "priority", int)
     options = SubmitOptions(
         priority=5 if priority is None else priority,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker import codec
 from broker.errors import BadInput, InvalidTaskId
 from broker.ids import CAPABILITY_RE, split_task_id
 from broker.keys import RegistryKeys
@@ -51,7 +52,9 @@ def export(conn: Conn, capabilities: list[str], f: Filter, path: Path) -> int:
     tmp = path.with_name(path.name + ".partial")
     count = 0
     try:
-        with open(tmp, "w", encoding="utf-8") as out:
+        # (backslashreplace: the raw fields of a malformed entry may hold bytes that are not
+        # UTF-8, read as lone surrogates; each is written as its JSON escape, and imported back)
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as out:
             for cap in capabilities:
                 for entry_id, fields in scan(conn, cap, f, newest_first=False, mode="full"):
                     line = {"v": FORMAT_VERSION, "capability": cap, "entry_id": entry_id, "fields": fields}
@@ -69,15 +72,19 @@ def export(conn: Conn, capabilities: list[str], f: Filter, path: Path) -> int:
 def _lines(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, parsed and checked line) for every non-blank line; BadInput on the first bad one."""
     try:
-        handle = path.open(encoding="utf-8")
+        handle = path.open("rb")  # (decoded line by line: a bad byte names its line)
     except OSError as exc:
         raise BadInput(f"cannot read {path}: {exc.strerror or exc}") from None
     with handle:
-        for number, text in enumerate(handle, 1):
+        for number, raw in enumerate(handle, 1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise BadInput(f"{path}:{number}: not UTF-8 text") from None
             if not text.strip():
                 continue
             try:
-                line = json.loads(text)
+                line = codec.loads(text)  # (strict; too deep a line is a ValueError, not a crash)
             except ValueError as exc:
                 raise BadInput(f"{path}:{number}: not JSON ({exc})") from None
             problem = _check(line)
@@ -99,10 +106,12 @@ def _check(line: Any) -> str | None:
         isinstance(k, str) and isinstance(v, str) for k, v in fields.items()
     ):
         return "fields must be an object of strings"
+    if not all(_writable(k) and _writable(v) for k, v in fields.items()):
+        return "fields hold a lone surrogate that stands for no byte (outside \\udc80-\\udcff)"
     missing = [name for name in REQUIRED_FIELDS if name not in fields]
     if missing:
         return f"missing field(s) {', '.join(missing)}"
-    if not fields["dead_at"].isdigit():
+    if not (fields["dead_at"].isascii() and fields["dead_at"].isdigit()):
         return f"dead_at must be milliseconds, got {fields['dead_at']!r}"
     if not _json_is(fields.get("record", "{}"), dict) or not _json_is(fields.get("history", "[]"), list):
         return "record must be a JSON object and history a JSON array"
@@ -118,9 +127,19 @@ def _check(line: Any) -> str | None:
 
 def _json_is(text: str, kind: type) -> bool:
     try:
-        return isinstance(json.loads(text), kind)
+        return isinstance(codec.loads(text), kind)
     except ValueError:
         return False
+
+
+def _writable(text: str) -> bool:
+    """Whether `text` can be written to Redis: UTF-8, where lone surrogates \\udc80-\\udcff stand
+    for the bytes that were not UTF-8 (as the connection reads them: surrogateescape)."""
+    try:
+        text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _identity(fields: dict[str, str]) -> str:

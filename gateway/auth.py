@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable
 from typing import Annotated
@@ -22,6 +23,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from broker.infra.connection import AsyncRedis
 from broker.infra.outages import TRANSIENT_ERRORS
+from broker.protocol.gateway_rate import burst_of, gateway_rate_call, parse_gateway_rate
+from broker.scripts import AsyncScripts
 from broker.settings import Settings
 from gateway.apikeys import AuthMode, KeyRecord, Role, key_sha256, load_keys
 from gateway.errors import ApiError
@@ -83,14 +86,41 @@ def _match(presented: bytes, keys: dict[str, KeyRecord]) -> KeyRecord | None:
     return found
 
 
+class RateLimit:
+    """gateway_rate_limit: a token bucket per API key (per client address for calls without a
+    key), kept in Redis so that it holds across gateway processes (broker/protocol/gateway_rate.py)."""
+
+    def __init__(self, settings: Settings, scripts: AsyncScripts) -> None:
+        self.settings = settings
+        self.scripts = scripts
+
+    async def take(self, identity: str) -> None:
+        """ApiError 429 rate_limited, with Retry-After, when `identity` is over its rate."""
+        verdict = parse_gateway_rate(await self.scripts(gateway_rate_call(self.settings, identity)))
+        if not verdict.allowed:
+            wait_s = max(1, math.ceil(verdict.retry_after_ms / 1000))
+            limit = self.settings.gateway_rate_limit
+            raise ApiError(429, "rate_limited", f"over the rate limit of {limit:g} requests a "
+                           f"second (burst {burst_of(self.settings)}); retry in {wait_s}s",
+                           headers={"Retry-After": str(wait_s)})
+
+
 class Auth:
-    def __init__(self, mode: AuthMode, cache: KeyCache) -> None:
+    def __init__(self, mode: AuthMode, cache: KeyCache, rate: RateLimit | None = None) -> None:
         self.mode = mode
         self.cache = cache
+        self.rate = rate
 
-    async def check(self, token: str | None, needed: Role) -> KeyRecord | None:
-        """The caller's key (None when no key is needed); ApiError 401/403 otherwise. `token`:
-        the key the request carries (bearer_token), if any."""
+    async def check(self, token: str | None, needed: Role, peer: str | None = None) -> KeyRecord | None:
+        """The caller's key (None when no key is needed); ApiError 401/403 otherwise, and 429
+        over the rate limit (per key; per client address `peer` for a call without one).
+        `token`: the key the request carries (bearer_token), if any."""
+        record = await self._authenticate(token, needed)
+        if self.rate is not None:
+            await self.rate.take(f"key:{record.id}" if record is not None else f"addr:{peer or '-'}")
+        return record
+
+    async def _authenticate(self, token: str | None, needed: Role) -> KeyRecord | None:
         if self.mode is AuthMode.OFF:
             return None
         if token is None:
@@ -124,6 +154,7 @@ def require(role: Role) -> Callable[..., Awaitable[KeyRecord | None]]:
 
     async def dependency(request: Request, credentials: Credentials) -> KeyRecord | None:
         auth: Auth = request.app.state.gateway.auth
-        return await auth.check(credentials.credentials if credentials is not None else None, role)
+        return await auth.check(credentials.credentials if credentials is not None else None, role,
+                                request.client.host if request.client else None)
 
     return dependency

@@ -3,13 +3,16 @@ users expect.
 
     422 invalid_request     a field is wrong (the message and `field` name it)
     400 invalid_json        the body is not strict JSON (NaN and Infinity are refused)
-    413 payload_too_large   a payload over max_payload_bytes, or a body over the route's limit
+    413 payload_too_large   a payload over max_payload_bytes (metadata: max_metadata_bytes), or a
+                            body over the route's limit
+    422 nested_too_deep     JSON nested deeper than max_json_depth
     401 unauthorized        no API key, or one the gateway does not know
     403 forbidden           the key's role may not do this, or Redis's ACL refused the
                             gateway's own Redis user (its rule: `reach acl --role gateway`)
     404 unknown_task, not_found
     409 stale, conflict
     429 queue_full          with Retry-After
+    429 rate_limited        over gateway_rate_limit for the API key (or address), with Retry-After
     503 unavailable         Redis cannot be reached (with Retry-After)
     500 internal            a bug: logged with its traceback, never shown
 """
@@ -30,7 +33,8 @@ from broker.acl import denied, is_permission_error
 from broker.errors import (
     BadInput,
     BrokerUnavailable,
-    InvalidPayload,
+    NestedTooDeep,
+    PayloadTooLarge,
     PermissionDenied,
     QueueFull,
     UnknownTask,
@@ -71,8 +75,10 @@ def error_response(exc: ApiError) -> JSONResponse:
 
 def from_library(exc: Exception) -> ApiError:
     """The ApiError a library error means (anything else: internal)."""
-    if isinstance(exc, InvalidPayload) and "over the limit" in str(exc):
+    if isinstance(exc, PayloadTooLarge):
         return ApiError(413, "payload_too_large", str(exc))
+    if isinstance(exc, NestedTooDeep):
+        return ApiError(422, "nested_too_deep", str(exc))
     if isinstance(exc, BadInput):
         return ApiError(422, "invalid_request", str(exc))
     if isinstance(exc, UnknownTask):

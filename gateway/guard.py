@@ -16,8 +16,11 @@ from broker import codec
 from gateway.apikeys import Role
 from gateway.auth import bearer_token
 from gateway.errors import ApiError, error_response
-from gateway.jsonbody import receive_body
+from gateway.jsonbody import check_body_depth, receive_body
 from gateway.state import GatewayState
+
+PROTOCOL_ENVELOPE_LEVELS = 8
+"""Levels a JSON-RPC request adds around a payload (params, message, parts, part, data ...)."""
 
 RoleOf = Callable[[str, str, Any], Role]
 """(HTTP method, path, the body's JSON or None) -> the role the request needs."""
@@ -44,8 +47,11 @@ class Guard:
         try:
             body = (await receive_body(receive, self.limit, headers.get("content-length"))
                     if scope["method"] in ("POST", "PUT") else b"")
+            check_body_depth(body, self.gw.settings.max_json_depth, PROTOCOL_ENVELOPE_LEVELS)
             role = self.role_of(scope["method"], scope["path"], _json_or_none(body))
-            await self.gw.auth.check(bearer_token(headers.get("authorization")), role)
+            client = scope.get("client")
+            await self.gw.auth.check(bearer_token(headers.get("authorization")), role,
+                                     client[0] if client else None)
         except ApiError as exc:
             await error_response(exc)(scope, receive, send)
             return

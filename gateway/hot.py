@@ -28,7 +28,7 @@ from broker.protocol.submit import MAX_LABEL_LEN, SubmitOptions
 from gateway.apikeys import Role
 from gateway.auth import bearer_token
 from gateway.errors import ApiError, api_error_of, error_body, validation_error
-from gateway.jsonbody import DEFAULT_BODY_LIMIT, check_media_type, parse_json, receive_body
+from gateway.jsonbody import DEFAULT_BODY_LIMIT, check_body_depth, check_media_type, parse_json, receive_body
 from gateway.models import BatchBody, SubmitBody, TaskOptions
 from gateway.state import GatewayState
 
@@ -119,19 +119,27 @@ class HotRoutes:
     async def _submit(self, scope: Scope, receive: Receive) -> tuple[int, Any]:
         headers = _headers(scope)
         check_media_type(headers.get(b"content-type"))
-        data = parse_json(await receive_body(receive, DEFAULT_BODY_LIMIT, headers.get(b"content-length")))
-        await self.gw.auth.check(bearer_token(headers.get(b"authorization")), Role.PRODUCER)
+        body = await receive_body(receive, DEFAULT_BODY_LIMIT, headers.get(b"content-length"))
+        check_body_depth(body, self.gw.settings.max_json_depth)
+        data = parse_json(body)
+        await self.gw.auth.check(bearer_token(headers.get(b"authorization")), Role.PRODUCER, _peer(scope))
         return 202, await submit_task(self.gw, data, headers.get(b"idempotency-key"),
                                       headers.get(b"traceparent"), headers.get(b"tracestate"))
 
     async def _result(self, scope: Scope, task_id: str) -> tuple[int, Any]:
         headers = _headers(scope)
-        await self.gw.auth.check(bearer_token(headers.get(b"authorization")), Role.READER)
+        await self.gw.auth.check(bearer_token(headers.get(b"authorization")), Role.READER, _peer(scope))
         return await task_result(self.gw, task_id, _wait_of(scope["query_string"]))
 
 
 _WANTED = (b"authorization", b"content-type", b"content-length", b"idempotency-key", b"traceparent",
            b"tracestate")
+
+
+def _peer(scope: Scope) -> str | None:
+    """The client's address (the rate limit's key for a call without an API key)."""
+    client = scope.get("client")
+    return str(client[0]) if client else None
 
 
 def _headers(scope: Scope) -> dict[bytes, str]:

@@ -13,7 +13,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.types import Receive
 
-from broker import codec
+from broker import codec, limits
+from broker.errors import NestedTooDeep
 from gateway.errors import ApiError
 
 DEFAULT_BODY_LIMIT = 2 * 1024 * 1024 + 65536
@@ -25,8 +26,8 @@ class LimitedJsonRequest(Request):
 
     async def body(self) -> bytes:
         if not hasattr(self, "_body"):
-            declared = self.headers.get("content-length")
-            if declared is not None and declared.isdigit() and int(declared) > self.limit:
+            declared = self.headers.get("content-length", "")
+            if declared.isascii() and declared.isdigit() and int(declared) > self.limit:
                 raise _too_large(self.limit)
             chunks: list[bytes] = []
             size = 0
@@ -40,8 +41,23 @@ class LimitedJsonRequest(Request):
 
     async def json(self) -> Any:
         if not hasattr(self, "_json"):
-            self._json = parse_json(await self.body())
+            body = await self.body()
+            check_body_depth(body, self.app.state.gateway.settings.max_json_depth)
+            self._json = parse_json(body)
         return self._json
+
+
+ENVELOPE_LEVELS = 2
+"""Levels a body adds around what it carries (a submit's object; a batch's object and list)."""
+
+
+def check_body_depth(body: bytes, max_depth: int, envelope: int = ENVELOPE_LEVELS) -> None:
+    """422 nested_too_deep for a body nested deeper than max_json_depth allows what it carries
+    (checked before it is parsed: a deep body costs nothing more than a count of its brackets)."""
+    try:
+        limits.check_depth(body, max_depth + envelope, "the request body")
+    except NestedTooDeep as exc:
+        raise ApiError(422, "nested_too_deep", f"{exc} + {envelope} for the body's own levels") from None
 
 
 def parse_json(body: bytes) -> Any:
@@ -54,7 +70,7 @@ def parse_json(body: bytes) -> Any:
 async def receive_body(receive: Receive, limit: int, declared: str | None) -> bytes:
     """A request's whole body read from ASGI messages (for the apps that read their requests
     themselves: gateway/hot.py, gateway/guard.py); 413 past `limit`, before the rest is read."""
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _too_large(limit)
     chunks: list[bytes] = []
     size = 0

@@ -96,6 +96,8 @@ class TaskJson(BaseModel):
     finished_at: str | None
     reason: str | None
     error: str | None
+    progress_dropped: int = Field(0, description="progress events dropped to keep the latest "
+                                                 "max_progress_events")
 
 
 class TaskRow(TaskJson):

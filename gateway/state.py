@@ -16,7 +16,7 @@ from broker.infra.outages import TRANSIENT_ERRORS
 from broker.scripts import AsyncScripts
 from broker.settings import Settings
 from gateway.apikeys import AuthMode
-from gateway.auth import Auth, KeyCache
+from gateway.auth import Auth, KeyCache, RateLimit
 from gateway.results import ResultWaits
 
 T = TypeVar("T")
@@ -38,7 +38,8 @@ class GatewayState:
         """Every event stream's pub/sub subscription, on one connection (broker/client/listener.py)."""
         self.stream_reads = asyncio.Semaphore(STREAM_READS)
         self.results = ResultWaits(settings, self.scripts, self.listener)
-        self.auth = Auth(auth_mode, KeyCache(settings, self.redis))
+        rate = RateLimit(settings, self.scripts) if settings.gateway_rate_limit > 0 else None
+        self.auth = Auth(auth_mode, KeyCache(settings, self.redis), rate)
         self._sync: connection.SyncRedis | None = None
 
     def sync_redis(self) -> connection.SyncRedis:

@@ -74,7 +74,7 @@ def test_submit_status_result_cancel_json(settings: Settings, fleet: Fleet) -> N
     queued = json.loads(reach(settings, "submit", "echo", '{"a": 1}', "--priority", "7", "--json").stdout)
     status = json.loads(reach(settings, "status", queued["task_id"], "--json").stdout)
     assert list(status) == ["task_id", "capability", "state", "priority", "attempt", "agent_id",
-                            "created_at", "finished_at", "reason", "error", "trace_id"]
+                            "created_at", "finished_at", "reason", "error", "trace_id", "progress_dropped"]
     assert status["state"] == "queued" and status["priority"] == 7
     assert len(status["trace_id"]) == 32 and int(status["trace_id"], 16)  # (the W3C trace id)
     not_yet = reach(settings, "result", queued["task_id"], "--no-wait")

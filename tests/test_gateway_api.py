@@ -98,7 +98,8 @@ def test_submit_wait_and_read_a_task(stack: Stack) -> None:
     assert done.json() == {"task_id": task_id, "state": "succeeded", "result": {"x": 1}}
     status = stack.http.get(f"/v1/tasks/{task_id}").json()
     assert list(status) == ["task_id", "capability", "state", "priority", "attempt", "agent_id",
-                            "created_at", "finished_at", "reason", "error"]  # (reach status --json)
+                            "created_at", "finished_at", "reason", "error",
+                            "progress_dropped"]  # (reach status --json)
     assert (status["state"], status["priority"], status["attempt"]) == ("succeeded", 7, 1)
 
 

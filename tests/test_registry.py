@@ -118,7 +118,7 @@ def test_forged_accept_complete_progress_renew_with_a_wrong_token_are_refused(
         run_entry, run_local, run_fence, "success", '{"forged": true}', 0, 1)])
     assert scripts(complete) == ["refused"]
     assert scripts(progress_call(settings, "fence", run_local, w.agent_id, bad, run_fence,
-                                          {"fraction": 1.0})) == "refused"
+                                          '{"fraction":1.0}')) == "refused"
     assert scripts(renew_call(settings, "fence", w.agent_id, bad, [
         Lease(run_entry, run_local, run_fence)])) == ["refused"]
     # An empty token is no token at all.

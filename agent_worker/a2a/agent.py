@@ -37,6 +37,7 @@ from agent_worker.a2a.options import CANCEL_TIMEOUT_S, POLL_FIRST_S, POLL_MAX_S,
 from agent_worker.a2a.outcome import error_outcome, is_final, task_result
 from agent_worker.context import TaskContext
 from agent_worker.http_bridge.outcome import AgentFailed
+from broker.errors import InvalidPayload
 from broker.models import CapabilityDescription
 
 if TYPE_CHECKING:
@@ -162,7 +163,10 @@ class A2aAgent:
         if seen == remote.last_status or (fraction is None and not text and not extra):
             return  # (a poll that found nothing new)
         remote.last_status = seen
-        await ctx.progress(fraction, text[:1000] or None, **extra)
+        try:
+            await ctx.progress(fraction, text[:1000] or None, **extra)
+        except InvalidPayload as exc:  # (over a limit: the update is dropped, the task goes on)
+            log.warning("progress of %s dropped: %s", ctx.task_id, exc)
 
     async def _poll(self, client: Client, call: ClientCallContext, ctx: TaskContext, remote: _Remote) -> Any:
         pause = POLL_FIRST_S

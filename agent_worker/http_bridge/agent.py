@@ -87,7 +87,7 @@ class HttpAgent:
             "trace_id": ctx.trace_id, "session_id": ctx.session_id, "metadata": ctx.metadata,
             "payload": payload,
         }).encode()
-        limit = bridge.link.settings.max_payload_bytes + ENVELOPE_BYTES
+        limit = bridge.link.settings.max_result_bytes + ENVELOPE_BYTES
         timeout = httpx.Timeout(ctx.timeout_s, connect=3.0)
         try:
             async with bridge.client.stream("POST", self.url, content=body, headers=headers,

@@ -44,7 +44,7 @@ def retry_after_s(value: str | None, now: float | None = None) -> float | None:
     if not value:
         return None
     value = value.strip()
-    if value.isdigit():
+    if value.isascii() and value.isdigit():  # ('¹'.isdigit() too, and float('¹') fails)
         return min(float(value), _MAX_RETRY_AFTER_S)
     try:
         when = email.utils.parsedate_to_datetime(value)

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +18,9 @@ import httpx
 from agent_worker.context import TaskContext
 from agent_worker.errors import Retryable
 from agent_worker.http_bridge.outcome import AgentFailed, business_outcome, is_business, parse_json
+from broker.errors import InvalidPayload
+
+log = logging.getLogger("reach.worker")
 
 STREAM_TYPES = ("application/x-ndjson", "application/jsonl", "text/event-stream")
 _PROGRESS_FIELDS = ("progress", "message")
@@ -98,5 +102,8 @@ async def report_progress(ctx: TaskContext, item: dict[str, Any]) -> None:
         fraction = None
     message = item.get("message")
     extra = {k: v for k, v in item.items() if k not in _PROGRESS_FIELDS}
-    await ctx.progress(float(fraction) if fraction is not None else None,
-                       str(message)[:1000] if message is not None else None, **extra)
+    try:
+        await ctx.progress(float(fraction) if fraction is not None else None,
+                           str(message)[:1000] if message is not None else None, **extra)
+    except InvalidPayload as exc:  # (over a limit: the agent's line is dropped, its task goes on)
+        log.warning("progress of %s dropped: %s", ctx.task_id, exc)

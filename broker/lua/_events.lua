@@ -5,6 +5,8 @@
 -- someone follows the task's events (only then are they published on its channel), field `d`
 -- while someone blocks on its done list (only then is the outcome pushed there). Readers parse
 -- events in broker/models.py (TaskEvent.from_compact) and feed lines in broker/client/events.py.
+-- A task keeps only its latest progress events (progress.lua: fields `pk`, `pn`,
+-- `progress_dropped`), so seqs may have gaps: readers take the `e:` fields there are.
 
 -- A task as a script sees it: the fields it asked for plus those that emitting events needs
 -- (id, seq, attempt, w, d; missing fields read as false), and the changes it stages (see set).

@@ -38,20 +38,22 @@ local function fail_task(c, t, dlq_key, reason, err, agent, now)
   event(c, t, 'dead_lettered', agent, now, data)
   save(t)
   local flat = redis.call('HGETALL', t._key)
-  local record, events = {}, {}
+  local record, events, seqs = {}, {}, {}
   for i = 1, #flat, 2 do
     local name = flat[i]
-    if string.sub(name, 1, 2) == 'e:' then
-      events[tonumber(string.sub(name, 3))] = flat[i + 1]
+    local seq = string.sub(name, 1, 2) == 'e:' and tonumber(string.sub(name, 3))
+    if seq then
+      events[seq] = flat[i + 1]
+      seqs[#seqs + 1] = seq
     else
       record[name] = flat[i + 1]
     end
   end
+  -- (the events held, in order: seqs have gaps where progress events were dropped)
+  table.sort(seqs)
   local history = {}
-  for seq = 1, tonumber(record['seq']) or 0 do
-    if events[seq] then
-      history[#history + 1] = event_json(seq, events[seq], record['id'], trace_id_of(record['trace']))
-    end
+  for _, seq in ipairs(seqs) do
+    history[#history + 1] = event_json(seq, events[seq], record['id'], trace_id_of(record['trace']))
   end
   redis.call('XADD', dlq_key, '*',
     'task_id', record['id'] or '', 'reason', reason, 'error', err or '',

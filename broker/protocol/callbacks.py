@@ -38,7 +38,7 @@ def token_sha256(token: str) -> str:
 def parse_token(token: str) -> CallbackToken | None:
     """The fence and hash of a token as an agent sent it back (None: not a callback token)."""
     fence, sep, secret = token.partition(".")
-    if not sep or not fence.isdigit() or len(fence) > 20 or not 16 <= len(secret) <= 128:
+    if not (sep and fence.isascii() and fence.isdigit()) or len(fence) > 20 or not 16 <= len(secret) <= 128:
         return None
     return CallbackToken(fence, token_sha256(token))
 

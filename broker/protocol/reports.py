@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from broker import codec
 from broker.keys import CapabilityKeys
 from broker.protocol.cache import cached
 from broker.protocol.calls import ScriptCall, Status, feed_args, is_refused, wake_channel
@@ -99,13 +98,15 @@ def parse_renew(reply: list[Any]) -> RenewReply:
 
 def progress_call(
     settings: Settings, capability: str, local_id: str, agent_id: str, token: str, fence: str,
-    data: dict[str, Any],
+    data: str,
 ) -> ScriptCall:
+    """`data`: the progress event's JSON object, within max_progress_message_bytes (the worker
+    checks it with broker/limits.py); the task keeps its latest max_progress_events."""
     ck = CapabilityKeys(settings.prefix, capability)
     return ScriptCall(
         "progress",
         [ck.task(local_id), ck.events, ck.tokens],
-        [agent_id, token, fence, codec.dumps(data), *feed_args(settings)],
+        [agent_id, token, fence, data, *feed_args(settings), settings.max_progress_events],
     )
 
 

@@ -217,12 +217,13 @@ def build_submit_request(settings: Settings, capability: str, payload: Any,
     check_capability(capability)
     _check_numbers(options)
     delay_ms, at_ms = _start(options)
-    encoded = codec.encode_payload(payload, settings.max_payload_bytes)
+    encoded = codec.encode_payload(payload, settings.max_payload_bytes, max_depth=settings.max_json_depth)
     meta = ""
     if options.metadata is not None:
         if not isinstance(options.metadata, dict):
             raise BadInput("metadata must be a JSON object (a dict with string keys)")
-        meta = codec.encode_payload(options.metadata, settings.max_payload_bytes, where="metadata")
+        meta = codec.encode_payload(options.metadata, settings.max_metadata_bytes, "metadata",
+                                    settings.max_json_depth, "max_metadata_bytes")
     local_id = new_local_id()
     return SubmitRequest(
         capability=capability,

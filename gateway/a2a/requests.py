@@ -71,7 +71,7 @@ def resume_point(context: ServerCallContext) -> int | None:
     text = str(headers.get("last-event-id") or "").strip()
     if not text:
         return None
-    if not text.isdigit() or len(text) > MAX_SEQ_DIGITS:
+    if not (text.isascii() and text.isdigit()) or len(text) > MAX_SEQ_DIGITS:  # ('²' is a digit)
         raise InvalidParamsError(f"Last-Event-ID must be an event's sequence number (metadata.reach.seq), "
                                  f"got {text[:40]!r}")
     return int(text)

@@ -10,7 +10,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Header, Request
 
 from broker import codec
-from broker.errors import InvalidPayload
+from broker.errors import InvalidPayload, PayloadTooLarge
 from broker.protocol.callbacks import callback_call, parse_status, parse_token
 from broker.protocol.calls import Status
 from gateway.api.tasks import TaskId
@@ -45,9 +45,12 @@ async def callback(request: Request, task_id: TaskId, body: CallbackBody,
         raise ApiError(401, "unauthorized", f"send the attempt's callback token in {TOKEN_HEADER}")
     outcome = body.model_dump(exclude_none=True)
     try:
-        text = codec.encode_payload(outcome, gw.settings.max_payload_bytes + 65536, where="callback")
-    except InvalidPayload as exc:
+        text = codec.encode_payload(outcome, gw.settings.max_result_bytes + 65536, "callback",
+                                    gw.settings.max_json_depth + 1, "max_result_bytes")
+    except PayloadTooLarge as exc:
         raise ApiError(413, "payload_too_large", str(exc)) from None
+    except InvalidPayload as exc:  # (nested too deeply, a lone surrogate)
+        raise ApiError(422, "invalid_request", str(exc)) from None
     status = parse_status(await gw.scripts(callback_call(gw.settings, task_id, parsed, text)))
     if status in _REFUSALS:
         code, name, message = _REFUSALS[status]

@@ -31,7 +31,7 @@ def _resume_point(last_event_id: str | None, after: int | None) -> int:
     if last_event_id is None or not last_event_id.strip():
         return after or 0
     text = last_event_id.strip()
-    if not text.isdigit() or len(text) > 12:
+    if not (text.isascii() and text.isdigit()) or len(text) > 12:  # ('²'.isdigit() too)
         raise ApiError(422, "invalid_request", f"Last-Event-ID must be an event's sequence number, "
                        f"got {text[:40]!r}", field="Last-Event-ID")
     return int(text)

@@ -66,7 +66,8 @@ async def submit(request: Request) -> JSONResponse:
     # route documents it, and serves it under a root_path. Its body is read as the document
     # above says, not by FastAPI's parameters.)
     gw = state_of(request.app)
-    await gw.auth.check(bearer_token(request.headers.get("authorization")), Role.PRODUCER)
+    await gw.auth.check(bearer_token(request.headers.get("authorization")), Role.PRODUCER,
+                        request.client.host if request.client else None)
     headers = request.headers
     return JSONResponse(await submit_task(gw, await request.json(), headers.get("idempotency-key"),
                                           headers.get("traceparent"), headers.get("tracestate")), 202)

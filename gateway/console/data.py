@@ -139,10 +139,10 @@ def task_detail(client: SyncRedis, settings: Settings, task_id: str) -> TaskDeta
         raise UnknownTask(task_id)
     status = TaskStatus.from_record(record)
     events = []
-    for seq in range(1, int(record.get("seq") or 0) + 1):
-        text = record.get(f"e:{seq}")
-        if text is None:
-            continue
+    # (the events the record holds: seqs have gaps where progress events were dropped)
+    seqs = sorted(int(name[2:]) for name in record if name.startswith("e:") and name[2:].isdigit())
+    for seq in seqs:
+        text = record[f"e:{seq}"]
         try:
             events.append(TaskEvent.from_compact(seq, text, task_id, status.trace_id))
         except ValueError:

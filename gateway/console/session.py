@@ -61,7 +61,7 @@ def decode(value: str | None, now_s: float | None = None) -> tuple[Session, str]
     if len(parts) != 4 or len(value or "") > 200:
         return None
     key_id, nonce, expires, mac = parts
-    if not (key_id and nonce.isalnum() and expires.isdigit() and mac.isalnum()):
+    if not (key_id and nonce.isalnum() and expires.isascii() and expires.isdigit() and mac.isalnum()):
         return None
     session = Session(key_id, nonce, int(expires))
     if session.expires_s < (now_s or time.time()):
