@@ -216,6 +216,73 @@ class Run:
         return {k: v for k, v in out.items() if v}
 
 
+def _options(args: argparse.Namespace) -> Options:
+    return Options.build(smoke=args.smoke, reps=args.reps, n=args.n, rt_n=args.rt_n, only=args.only,
+                         redis_url=args.redis_url, redis_server=args.redis_server,
+                         results_dir=args.out,
+                         reach_concurrency=args.reach_concurrency, profile=args.profile,
+                         keep_logs=args.keep_logs)
+
+
+def _stop_on_signals() -> None:
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    signal.signal(signal.SIGINT, on_sigterm)  # also when started in the background (SIGINT ignored)
+
+
+def _measure(bench: Bench, mode: str) -> Run:
+    """Runs every selected row, the Reach-only extras and the profile into one Run."""
+    opts, target, console = bench.opts, bench.target, bench.console
+    console.print(f"[bold]Agent-Reach benchmark[/bold] ({mode}, {opts.sizes.reps} repetition(s), "
+                  f"n={opts.sizes.n:,}) on Redis {target.info()['redis_version']} at "
+                  f"{target.info()['url']}{' (embedded)' if target.owned else ''}")
+    run = Run(bench)
+    active = run.rows()
+    run.table(active)
+    if any(bench.wants(x) for x in EXTRAS):
+        run.extras()
+    if opts.profile:
+        from bench import profiling
+
+        try:
+            run.result["profile"] = profiling.run(bench, opts.results_dir / f"{bench.stem}-profile")
+        except Exception as exc:
+            run.error("profile", exc)
+    return run
+
+
+def _meta(opts: Options, target: Target, argv: list[str], mode: str, started: float,
+          at_start: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
+        "duration_s": round(time.time() - started, 1), "mode": mode,
+        "command": " ".join(["python -m bench", *argv]),
+        "sizes": vars(opts.sizes), "reach_concurrency": opts.reach_concurrency,
+        "redis": target.info(), "machine": at_start, "versions": versions(), "git": git_state(),
+        "load_average_at_end": os.getloadavg(),
+    }
+
+
+def _summarise_and_write(console: Console, results_dir: Path, stem: str, result: dict[str, Any]) -> None:
+    """Adds the figures, ratios, Reach-only summary and targets; writes the JSON, plot and
+    Markdown; prints the tables."""
+    result["figures"] = report.aggregate(result["rows"])
+    result["ratios"] = report.ratios(result["figures"])
+    result["reach_only"] = report.reach_only_summary(result["reach_extra"], result["figures"])
+    result["targets"] = report.targets(result["figures"], result["reach_only"])
+    json_path = results_dir / f"{stem}.json"
+    png_path = results_dir / f"{stem}.png"
+    note = plot(png_path, result)
+    result["plot"] = str(png_path) if note is None else note
+    report.write_json(json_path, result)
+    json_path.with_suffix(".md").write_text(markdown.render(result))
+    console.print()
+    report.print_tables(console, result)
+    console.print(f"\nJSON: {json_path}\nplot: {result['plot']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["fleet"]:
@@ -225,20 +292,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     console = Console()
     stem = time.strftime("%Y-%m-%dT%H%M%S")
-    opts = Options.build(smoke=args.smoke, reps=args.reps, n=args.n, rt_n=args.rt_n, only=args.only,
-                         redis_url=args.redis_url, redis_server=args.redis_server,
-                         results_dir=args.out,
-                         reach_concurrency=args.reach_concurrency, profile=args.profile,
-                         keep_logs=args.keep_logs)
+    opts = _options(args)
     log_dir = opts.results_dir / f"{stem}-logs"
     sup = Supervisor(log_dir)
     target: Target | None = None
-
-    def on_sigterm(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    signal.signal(signal.SIGINT, on_sigterm)  # also when started in the background (SIGINT ignored)
+    _stop_on_signals()
     started = time.time()
     at_start = machine()  # the load average now, before our own processes add to it
     run: Run | None = None
@@ -247,43 +305,9 @@ def main(argv: list[str] | None = None) -> int:
         bench = Bench(opts=opts, target=target, sup=sup, console=console, stem=stem)
         set_rq_prefix(bench)  # before rq is imported anywhere
         mode = "smoke" if opts.smoke else "full"
-        console.print(f"[bold]Agent-Reach benchmark[/bold] ({mode}, {opts.sizes.reps} repetition(s), "
-                      f"n={opts.sizes.n:,}) on Redis {target.info()['redis_version']} at "
-                      f"{target.info()['url']}{' (embedded)' if target.owned else ''}")
-        run = Run(bench)
-        active = run.rows()
-        run.table(active)
-        if any(bench.wants(x) for x in EXTRAS):
-            run.extras()
-        if opts.profile:
-            from bench import profiling
-
-            try:
-                run.result["profile"] = profiling.run(bench, opts.results_dir / f"{stem}-profile")
-            except Exception as exc:
-                run.error("profile", exc)
-        result = run.result
-        result["meta"] = {
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(started)),
-            "duration_s": round(time.time() - started, 1), "mode": mode,
-            "command": " ".join(["python -m bench", *(argv if argv is not None else sys.argv[1:])]),
-            "sizes": vars(opts.sizes), "reach_concurrency": opts.reach_concurrency,
-            "redis": target.info(), "machine": at_start, "versions": versions(), "git": git_state(),
-            "load_average_at_end": os.getloadavg(),
-        }
-        result["figures"] = report.aggregate(result["rows"])
-        result["ratios"] = report.ratios(result["figures"])
-        result["reach_only"] = report.reach_only_summary(result["reach_extra"], result["figures"])
-        result["targets"] = report.targets(result["figures"], result["reach_only"])
-        json_path = opts.results_dir / f"{stem}.json"
-        png_path = opts.results_dir / f"{stem}.png"
-        note = plot(png_path, result)
-        result["plot"] = str(png_path) if note is None else note
-        report.write_json(json_path, result)
-        json_path.with_suffix(".md").write_text(markdown.render(result))
-        console.print()
-        report.print_tables(console, result)
-        console.print(f"\nJSON: {json_path}\nplot: {result['plot']}")
+        run = _measure(bench, mode)
+        run.result["meta"] = _meta(opts, target, argv, mode, started, at_start)
+        _summarise_and_write(console, opts.results_dir, stem, run.result)
         return 1 if run.failed else 0
     except KeyboardInterrupt:
         console.print("[yellow]interrupted: stopping every process the benchmark started[/yellow]")

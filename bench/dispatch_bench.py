@@ -112,6 +112,66 @@ class SimulatedAgents:
             self._thread.join(10)
 
 
+def _start_consumer(bench: Bench, settings: Settings, sim: SimulatedAgents, env: dict[str, str],
+                    agents: int, tasks: int, stand_in: str, two_cores: bool,
+                    procs: list[Proc]) -> tuple[list[str], Proc]:
+    """Registers the simulated agents, queues `tasks` tasks and starts the stand-in consumer
+    (added to `procs` as soon as it exists, so the caller's cleanup kills it)."""
+    preload_scripts(bench)
+    sim.register()
+    with ReachClient(settings) as client:
+        task_ids = [h.task_id for h in client.submit_many(CAP, [payload(i) for i in range(tasks)])]
+    consumer = bench.sup.spawn(f"sim-consumer-{agents}", bench.python(
+        "bench.workers.sim_consumer", "--url", bench.url, "--prefix", settings.prefix, "--cap", CAP,
+        "--agents", str(agents), "--mode", stand_in), env, piped=True, cpus={1} if two_cores else None)
+    procs.append(consumer)
+    ready_all([consumer])
+    consumer.send("GO")
+    return task_ids, consumer
+
+
+def _wait_for_drain(bench: Bench, keys: CapabilityKeys, tasks: int, dispatcher: Proc,
+                    consumer: Proc) -> tuple[float, float, float]:
+    """Waits until the dispatcher has routed every queued task, failing if it stalls.
+    Returns the dispatcher's CPU seconds and the wall seconds from its first decision to the
+    empty queue, and the consumer's CPU seconds over the same time."""
+    r = bench.target.r
+    deadline = time.monotonic() + 120 + tasks / 100
+    while r.zcard(keys.queue) >= tasks:
+        dispatcher.check_alive()
+        if time.monotonic() > deadline:
+            raise ProcessFailed(f"dispatcher routed nothing (log: {dispatcher.log_path})")
+        time.sleep(0.001)
+    cpu0, t0 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+    consumer_cpu0 = consumer.cpu_seconds() or 0.0
+    last, moved_at = tasks + 1, t0
+    while (left := r.zcard(keys.queue)) > 0:
+        dispatcher.check_alive()
+        consumer.check_alive()
+        now = time.monotonic()
+        if left != last:
+            last, moved_at = left, now
+        elif now - moved_at > STALL_S or now > deadline:
+            raise ProcessFailed(f"dispatcher stalled with {left:,} of {tasks:,} tasks queued "
+                                f"(log: {dispatcher.log_path})")
+        time.sleep(0.005)
+    cpu1, t1 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
+    consumer_cpu = (consumer.cpu_seconds() or 0.0) - consumer_cpu0
+    return cpu1 - cpu0, t1 - t0, consumer_cpu
+
+
+def _dispatch_rate(bench: Bench, keys: CapabilityKeys, task_ids: list[str], tasks: int) -> float | None:
+    """Decisions per second from the tasks' own dispatched_at stamps (first to last)."""
+    pipe = bench.target.r.pipeline(transaction=False)
+    for task_id in task_ids:
+        pipe.hget(keys.task(task_id.split(":", 1)[1]), "dispatched_at")
+    stamps = [float(s) for s in pipe.execute() if s]
+    if len(stamps) < tasks:
+        raise ProcessFailed(f"only {len(stamps)} of {tasks} tasks were dispatched")
+    span_s = (max(stamps) - min(stamps)) / 1000
+    return (tasks - 1) / span_s if span_s > 0 else None
+
+
 def measure_process(bench: Bench, agents: int, tasks: int, stand_in: str = "trim") -> dict[str, Any]:
     """The real dispatcher process routing `tasks` queued tasks to `agents` simulated agents,
     whose inboxes the stand-in consumer drains the `stand_in` way (see sim_consumer.py)."""
@@ -123,17 +183,9 @@ def measure_process(bench: Bench, agents: int, tasks: int, stand_in: str = "trim
     pinned_redis = False
     procs: list[Proc] = []
     try:
-        preload_scripts(bench)
-        sim.register()
-        with ReachClient(settings) as client:
-            task_ids = [h.task_id for h in client.submit_many(CAP, [payload(i) for i in range(tasks)])]
         env = bench.env(REDIS_URL=bench.url, REACH_PREFIX=prefix)
-        consumer = bench.sup.spawn(f"sim-consumer-{agents}", bench.python(
-            "bench.workers.sim_consumer", "--url", bench.url, "--prefix", prefix, "--cap", CAP,
-            "--agents", str(agents), "--mode", stand_in), env, piped=True, cpus={1} if two_cores else None)
-        procs.append(consumer)
-        ready_all([consumer])
-        consumer.send("GO")
+        task_ids, consumer = _start_consumer(bench, settings, sim, env, agents, tasks, stand_in,
+                                             two_cores, procs)
         if two_cores and bench.target.pid is not None:
             set_affinity(bench.target.pid, {1})
             pinned_redis = True
@@ -141,40 +193,12 @@ def measure_process(bench: Bench, agents: int, tasks: int, stand_in: str = "trim
         dispatcher = bench.sup.spawn(f"dispatcher-{agents}-agents", bench.python(
             "reach_cli", "dispatcher", "--capability", CAP), env, cpus={0} if two_cores else None)
         procs.append(dispatcher)
-        r = bench.target.r
-        deadline = time.monotonic() + 120 + tasks / 100
-        while r.zcard(keys.queue) >= tasks:
-            dispatcher.check_alive()
-            if time.monotonic() > deadline:
-                raise ProcessFailed(f"dispatcher routed nothing (log: {dispatcher.log_path})")
-            time.sleep(0.001)
-        cpu0, t0 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
-        consumer_cpu0 = consumer.cpu_seconds() or 0.0
-        last, moved_at = tasks + 1, t0
-        while (left := r.zcard(keys.queue)) > 0:
-            dispatcher.check_alive()
-            consumer.check_alive()
-            now = time.monotonic()
-            if left != last:
-                last, moved_at = left, now
-            elif now - moved_at > STALL_S or now > deadline:
-                raise ProcessFailed(f"dispatcher stalled with {left:,} of {tasks:,} tasks queued "
-                                    f"(log: {dispatcher.log_path})")
-            time.sleep(0.005)
-        cpu1, t1 = dispatcher.cpu_seconds() or 0.0, time.monotonic()
-        consumer_cpu = (consumer.cpu_seconds() or 0.0) - consumer_cpu0
+        cpu_s, wall_s, consumer_cpu = _wait_for_drain(bench, keys, tasks, dispatcher, consumer)
         after = bench.target.snapshot()
         dispatcher.stop(5.0)
         consumer.stop(5.0, command="STOP")
-        pipe = r.pipeline(transaction=False)
-        for task_id in task_ids:
-            pipe.hget(keys.task(task_id.split(":", 1)[1]), "dispatched_at")
-        stamps = [float(s) for s in pipe.execute() if s]
-        if len(stamps) < tasks:
-            raise ProcessFailed(f"only {len(stamps)} of {tasks} tasks were dispatched")
-        span_s = (max(stamps) - min(stamps)) / 1000
-        rate = (tasks - 1) / span_s if span_s > 0 else None
-        util = (cpu1 - cpu0) / (t1 - t0) if t1 > t0 else None
+        rate = _dispatch_rate(bench, keys, task_ids, tasks)
+        util = cpu_s / wall_s if wall_s > 0 else None
         return {
             "agents": agents,
             "tasks": tasks,

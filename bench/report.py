@@ -104,68 +104,85 @@ def _med(runs: list[dict[str, Any]], field: str) -> float | None:
     return median([r.get(field) for r in runs])
 
 
+def _dispatcher_summary(dispatch: dict[str, Any]) -> dict[str, Any]:
+    return {
+        agents: {
+            "decisions_per_s": _med(runs, "decisions_per_s"),
+            "dispatcher_cpu_util": _med(runs, "dispatcher_cpu_util"),
+            "decisions_per_cpu_s": _med(runs, "decisions_per_cpu_s"),
+            "routing_code_decisions_per_cpu_s": _med(
+                dispatch["routing_code"].get(agents, []), "decisions_per_cpu_s"),
+            # (runs of an older harness have no such figure)
+            "decisions_per_s_read": _med(
+                (dispatch.get("process_read") or {}).get(agents, []), "decisions_per_s"),
+        }
+        for agents, runs in dispatch["process"].items()
+    }
+
+
+def _depth_summary(depth: list[Any], extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, Any]:
+    """drain_by_depth (with the main run's drain at its own depth) and memory, if measured."""
+    by_depth: dict[int, list[float | None]] = {}
+    for rep in depth:
+        for point in rep:
+            by_depth.setdefault(int(point["depth"]), []).append(point.get("rate"))
+    reach = agg.get("reach")
+    n = extra.get("n")
+    if reach and n and n not in by_depth:
+        by_depth[int(n)] = list(reach["drain_2"]["values"])
+    out: dict[str, Any] = {"drain_by_depth": {d: median(v) for d, v in sorted(by_depth.items())}}
+    mems = [p["memory"] for rep in depth for p in rep if "memory" in p]
+    if mems:
+        out["memory"] = {
+            "queued": mems[0]["queued"],
+            "bytes_per_task_beyond_payload": median(
+                [m["bytes_per_task_beyond_payload"] for m in mems]),
+            "payload_bytes_per_task": mems[0]["payload_bytes_per_task"],
+            "breakdown_bytes_per_task": mems[-1]["breakdown_bytes_per_task"],
+        }
+    return out
+
+
+def _overhead_summary(overhead: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {
+        name: median([o[name]["p50"] if isinstance(o[name], dict) else o[name] for o in overhead])
+        for name in ("in_dispatcher_ms", "to_worker_ms", "result_store_ms", "total_overhead_ms",
+                     "round_trip_ms", "dispatcher_share_pct", "overhead_share_pct")
+    }
+    out["in_dispatcher_p99_ms"] = median([o["in_dispatcher_ms"]["p99"] for o in overhead])
+    out["total_overhead_p99_ms"] = median([o["total_overhead_ms"]["p99"] for o in overhead])
+    return out
+
+
+def _gateway_summary(gateway: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "submit_per_s": median([g["submit"]["rate"] for g in gateway]),
+        "gateway_cpu_us_per_submit": median([g["submit"].get("gateway_cpu_us_per_submit")
+                                             for g in gateway]),
+        "client_cpu_us_per_submit": median([g["submit"].get("client_cpu_us_per_submit")
+                                            for g in gateway]),
+        "http_round_trip_p50_ms": median([g["round_trip"]["http_p50_ms"] for g in gateway]),
+        "client_round_trip_p50_ms": median([g["round_trip"]["client_p50_ms"] for g in gateway]),
+        "round_trip_difference_ms": median([g["round_trip"]["difference_ms"] for g in gateway]),
+        "sse": gateway[-1]["sse"],
+    }
+
+
 def reach_only_summary(extra: dict[str, Any], agg: dict[str, Any]) -> dict[str, Any]:
     """Medians of the Reach-only figures."""
     out: dict[str, Any] = {}
     dispatch = extra.get("dispatch") or {}
     if dispatch:
-        out["dispatcher"] = {
-            agents: {
-                "decisions_per_s": _med(runs, "decisions_per_s"),
-                "dispatcher_cpu_util": _med(runs, "dispatcher_cpu_util"),
-                "decisions_per_cpu_s": _med(runs, "decisions_per_cpu_s"),
-                "routing_code_decisions_per_cpu_s": _med(
-                    dispatch["routing_code"].get(agents, []), "decisions_per_cpu_s"),
-                # (runs of an older harness have no such figure)
-                "decisions_per_s_read": _med(
-                    (dispatch.get("process_read") or {}).get(agents, []), "decisions_per_s"),
-            }
-            for agents, runs in dispatch["process"].items()
-        }
+        out["dispatcher"] = _dispatcher_summary(dispatch)
     depth = extra.get("depth") or []
     if depth:
-        by_depth: dict[int, list[float | None]] = {}
-        for rep in depth:
-            for point in rep:
-                by_depth.setdefault(int(point["depth"]), []).append(point.get("rate"))
-        reach = agg.get("reach")
-        n = extra.get("n")
-        if reach and n and n not in by_depth:
-            by_depth[int(n)] = list(reach["drain_2"]["values"])
-        out["drain_by_depth"] = {d: median(v) for d, v in sorted(by_depth.items())}
-        mems = [p["memory"] for rep in depth for p in rep if "memory" in p]
-        if mems:
-            out["memory"] = {
-                "queued": mems[0]["queued"],
-                "bytes_per_task_beyond_payload": median(
-                    [m["bytes_per_task_beyond_payload"] for m in mems]),
-                "payload_bytes_per_task": mems[0]["payload_bytes_per_task"],
-                "breakdown_bytes_per_task": mems[-1]["breakdown_bytes_per_task"],
-            }
+        out.update(_depth_summary(depth, extra, agg))
     overhead = extra.get("overhead") or []
     if overhead:
-        out["overhead_100ms"] = {
-            name: median([o[name]["p50"] if isinstance(o[name], dict) else o[name] for o in overhead])
-            for name in ("in_dispatcher_ms", "to_worker_ms", "result_store_ms", "total_overhead_ms",
-                         "round_trip_ms", "dispatcher_share_pct", "overhead_share_pct")
-        }
-        out["overhead_100ms"]["in_dispatcher_p99_ms"] = median(
-            [o["in_dispatcher_ms"]["p99"] for o in overhead])
-        out["overhead_100ms"]["total_overhead_p99_ms"] = median(
-            [o["total_overhead_ms"]["p99"] for o in overhead])
+        out["overhead_100ms"] = _overhead_summary(overhead)
     gateway = extra.get("gateway") or []
     if gateway:
-        out["gateway"] = {
-            "submit_per_s": median([g["submit"]["rate"] for g in gateway]),
-            "gateway_cpu_us_per_submit": median([g["submit"].get("gateway_cpu_us_per_submit")
-                                                 for g in gateway]),
-            "client_cpu_us_per_submit": median([g["submit"].get("client_cpu_us_per_submit")
-                                                for g in gateway]),
-            "http_round_trip_p50_ms": median([g["round_trip"]["http_p50_ms"] for g in gateway]),
-            "client_round_trip_p50_ms": median([g["round_trip"]["client_p50_ms"] for g in gateway]),
-            "round_trip_difference_ms": median([g["round_trip"]["difference_ms"] for g in gateway]),
-            "sse": gateway[-1]["sse"],
-        }
+        out["gateway"] = _gateway_summary(gateway)
     scaling = extra.get("scaling") or {}
     if scaling:
         ordered = sorted(scaling.items(), key=lambda kv: int(kv[0]))
