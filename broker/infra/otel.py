@@ -14,6 +14,7 @@ whose context becomes the task's traceparent (broker/client/tracing.py), and
 from __future__ import annotations
 
 import sys
+import time
 from types import ModuleType
 from typing import Any
 
@@ -26,8 +27,23 @@ def loaded() -> ModuleType | None:
     return sys.modules.get("opentelemetry.trace")
 
 
+_RECHECK_S = 1.0
+_looked_at = -_RECHECK_S
+
+
 def spans_on(otel: ModuleType) -> bool:
-    """Whether a tracer provider is set up (until then the API's spans record nothing)."""
+    """Whether a tracer provider is set up (until then the API's spans record nothing).
+
+    Asked once per submit and per attempt, so it is cheap: a provider set in code is the API's
+    module global, one lookup; without one, get_tracer_provider (which reads the environment
+    for a provider named there) is asked again at most once a second."""
+    global _looked_at
+    if getattr(otel, "_TRACER_PROVIDER", None) is not None:
+        return True
+    now = time.monotonic()
+    if now - _looked_at < _RECHECK_S:
+        return False
+    _looked_at = now
     return not isinstance(otel.get_tracer_provider(), otel.ProxyTracerProvider)
 
 
