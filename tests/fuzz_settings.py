@@ -1,5 +1,5 @@
 """How many examples the property-based tests draw: a bounded number in CI, far more with
-HYPOTHESIS_PROFILE=long (see docs/security-limits.md).
+HYPOTHESIS_PROFILE=long (see docs/security.md, "Limits").
 
     bounded(n)   n examples (n * LONG_FACTOR with the long profile), no deadline (a loaded CI
                  machine is slow), no health check about slow data generation
