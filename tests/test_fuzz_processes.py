@@ -21,7 +21,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from broker import ReachClient, codec
-from broker.keys import CapabilityKeys, Channels
+from broker.keys import CapabilityKeys, Channels, RegistryKeys
 from broker.settings import Settings
 from dlq_tools import transfer
 from dlq_tools.conn import Conn
@@ -50,6 +50,9 @@ def spine(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     settings = Settings.load(redis_url=redis_url, prefix=prefix, max_json_depth=16, **FAST)
     fleet = Fleet(settings, tmp_path_factory.mktemp("fuzz"))
     try:
+        client = sync_redis(redis_url)
+        client.sadd(RegistryKeys(prefix).capabilities, "fuzz", "fuzzin")  # (as a raw producer would)
+        client.close()
         fleet.dispatcher("fuzz", "fuzzin")
         fleet.worker("fuzzin", handler="tests.limits_handlers:echo", agent_id="fuzz-agent")
         yield settings, fleet
