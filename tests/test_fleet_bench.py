@@ -7,6 +7,7 @@ what they did, so the benchmark does not rot between full runs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 
@@ -80,4 +81,5 @@ def test_a_smoke_run_drives_reach_through_a_black_hole_and_counts_it(tmp_path):
     assert 0 < hole["executions_on"]["a1"] == hole["touched_bad"]
     assert hole["attempts"] == {"1": n - hole["touched_bad"], "2": hole["touched_bad"]}
     assert set(result["bar"]["reach"]) == {"blackhole"}
-    assert (tmp_path / f"{path.stem}-blackhole.png").stat().st_size > 10_000
+    if importlib.util.find_spec("matplotlib") is not None:  # (the plot needs the bench extra)
+        assert (tmp_path / f"{path.stem}-blackhole.png").stat().st_size > 10_000
