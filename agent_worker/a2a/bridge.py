@@ -9,11 +9,10 @@ connect probes at once.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 import httpx
 from a2a.client import Client, ClientConfig, ClientFactory
@@ -22,10 +21,9 @@ from a2a.utils.constants import TransportProtocol
 
 from agent_worker.a2a.cards import CardUnavailable, fetch_card, find_skill
 from agent_worker.a2a.options import A2aOptions
-from agent_worker.http_bridge.bridge import WorkerLink
+from agent_worker.http_bridge.bridge import ReadinessGate, WorkerLink
 from agent_worker.http_bridge.options import CONNECT_TIMEOUT_S, PROBE_TIMEOUT_S
 from agent_worker.http_bridge.readiness import Probe, Readiness
-from broker.infra import outages
 
 log = logging.getLogger("reach.worker")
 
@@ -74,7 +72,9 @@ class BridgedAgent(Protocol):
     def attach(self, bridge: A2aBridge) -> None: ...
 
 
-class A2aBridge:
+class A2aBridge(ReadinessGate):
+    KIND = "A2A"
+
     def __init__(self, link: WorkerLink, agents: Sequence[BridgedAgent]) -> None:
         self.link = link
         concurrency = link.slots.concurrency
@@ -112,27 +112,6 @@ class A2aBridge:
             self._clients[options.url] = known
         return known
 
-    # -- readiness --------------------------------------------------------------------------
-
-    @property
-    def ready(self) -> bool:
-        return self.readiness.ready
-
-    def _ready_changed(self, ready: bool) -> None:
-        if ready:
-            self.link.slots.resume()
-        else:
-            self.link.slots.pause()
-        self.link.beat_now()
-
-    async def _hand_back(self) -> None:
-        with contextlib.suppress(*outages.TRANSIENT_ERRORS):
-            released = await self.link.release_unread()
-            if released:
-                log.info("handed %d unread task(s) back: the A2A agent is not ready", released)
-
-    def heartbeat_stats(self) -> dict[str, Any]:
-        return {} if self.ready else {"stalled": True, "not_ready_reason": self.readiness.reason[:300]}
 
     # -- lifecycle --------------------------------------------------------------------------
 

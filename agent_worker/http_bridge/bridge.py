@@ -44,32 +44,14 @@ class WorkerLink:
     """Hand the tasks still unread in this agent's inboxes back to the queue."""
 
 
-class BridgedAgent(Protocol):
-    """What the bridge needs of an HTTP agent (agent.py's HttpAgent)."""
+class ReadinessGate:
+    """What an HTTP or A2A bridge does as its agent's readiness changes: pause the worker's slots
+    while it is not ready (handing back what its inboxes hold unread), resume them once it is,
+    and say so in the heartbeat."""
 
-    url: str
-    options: BridgeOptions
-
-    def attach(self, bridge: HttpBridge) -> None: ...
-
-
-class HttpBridge:
-    def __init__(self, link: WorkerLink, agents: Sequence[BridgedAgent]) -> None:
-        self.link = link
-        concurrency = link.slots.concurrency
-        self.client = httpx.AsyncClient(
-            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
-                                keepalive_expiry=30.0),
-            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), follow_redirects=False)
-        self._waiters: dict[str, asyncio.Event] = {}
-        probes = [Probe.for_agent(a.url, a.options.ready) for a in agents]
-        self.readiness = Readiness(probes, link.settings.heartbeat_ms / 1000, self._ready_changed,
-                                   self._hand_back)
-        link.slots.pause()  # (until the first probe passes)
-        for agent in agents:
-            agent.attach(self)
-
-    # -- readiness --------------------------------------------------------------------------
+    KIND = "HTTP"
+    link: WorkerLink
+    readiness: Readiness
 
     @property
     def ready(self) -> bool:
@@ -86,10 +68,37 @@ class HttpBridge:
         with contextlib.suppress(*outages.TRANSIENT_ERRORS):
             released = await self.link.release_unread()
             if released:
-                log.info("handed %d unread task(s) back: the HTTP agent is not ready", released)
+                log.info("handed %d unread task(s) back: the %s agent is not ready", released, self.KIND)
 
     def heartbeat_stats(self) -> dict[str, Any]:
         return {} if self.ready else {"stalled": True, "not_ready_reason": self.readiness.reason[:300]}
+
+
+class BridgedAgent(Protocol):
+    """What the bridge needs of an HTTP agent (agent.py's HttpAgent)."""
+
+    url: str
+    options: BridgeOptions
+
+    def attach(self, bridge: HttpBridge) -> None: ...
+
+
+class HttpBridge(ReadinessGate):
+    def __init__(self, link: WorkerLink, agents: Sequence[BridgedAgent]) -> None:
+        self.link = link
+        concurrency = link.slots.concurrency
+        self.client = httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency,
+                                keepalive_expiry=30.0),
+            timeout=httpx.Timeout(None, connect=CONNECT_TIMEOUT_S), follow_redirects=False)
+        self._waiters: dict[str, asyncio.Event] = {}
+        probes = [Probe.for_agent(a.url, a.options.ready) for a in agents]
+        self.readiness = Readiness(probes, link.settings.heartbeat_ms / 1000, self._ready_changed,
+                                   self._hand_back)
+        link.slots.pause()  # (until the first probe passes)
+        for agent in agents:
+            agent.attach(self)
+
 
     # -- callbacks --------------------------------------------------------------------------
 
