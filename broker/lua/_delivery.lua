@@ -87,19 +87,21 @@ local function start_attempt(c, t, agent, token_sha, at)
 end
 
 -- The agent's token, checked against the hash stored at registration (the token itself is
--- never stored) and its expiry (field TOKEN_EXP .. agent, ms; none: it never expires). Returns true
--- when it matches and stands; a refusal is counted (field 'refused:<agent>' of the tokens hash)
--- and, when a feed is given, recorded on it.
-local function token_ok(tokens_key, agent, token, c, what)
+-- never stored) and its expiry (field TOKEN_EXP .. agent, ms; none: it never expires) at `now`.
+-- Returns the token's hash when it matches and stands (the caller's scripts record it), else
+-- false; a refusal is counted (field 'refused:<agent>' of the tokens hash) and, when a feed is
+-- given, recorded on it.
+local function token_ok(tokens_key, agent, token, c, what, now)
   local stored = redis.call('HMGET', tokens_key, agent, TOKEN_EXP .. agent)
-  if stored[1] and token ~= '' and stored[1] == redis.sha1hex(token) then
-    if not stored[2] or tonumber(stored[2]) > now_ms() then return true end
+  local sha = token ~= '' and redis.sha1hex(token)
+  if stored[1] and sha and stored[1] == sha then
+    if not stored[2] or tonumber(stored[2]) > now then return sha end
     what = what .. ' (expired)'
   end
   redis.call('HINCRBY', tokens_key, 'refused:' .. agent, 1)
   if c and c.feed_maxlen > 0 then
     redis.call('XADD', c.feed, 'MAXLEN', '~', c.feed_maxlen, '*', 'events',
-      '|0|token_refused|' .. jint(now_ms()) .. '|0|' .. agent .. '|{"call":' .. jstr(what) .. '}')
+      '|0|token_refused|' .. jint(now) .. '|0|' .. agent .. '|{"call":' .. jstr(what) .. '}')
   end
   return false
 end

@@ -17,7 +17,9 @@
 -- metadata, max attempts, task id ('' otherwise).
 local c = context(KEYS[3], ARGV[3], ARGV[4], ARGV[5], KEYS[5])
 local inbox, agent = KEYS[1], ARGV[1]
-if not token_ok(KEYS[4], agent, ARGV[2], c, 'accept') then return {'refused'} end
+local now = now_ms()
+local token_sha = token_ok(KEYS[4], agent, ARGV[2], c, 'accept', now)
+if not token_sha then return {'refused'} end
 local started = ARGV[6] == '1'
 local n = #KEYS - 6
 local p = nil  -- (the policy, read only when a row needs it)
@@ -25,9 +27,7 @@ local function policy()
   p = p or load_policy(KEYS[6], ARGV[7])
   return p
 end
-local now = now_ms()
 local out = {}
-local token_sha = redis.sha1hex(ARGV[2])
 local names = {'state', 'fence', 'agent_id', 'deadline_at', 'accepted_by', 'max_attempts'}
 if not started then
   for _, f in ipairs({'payload', 'timeout_ms', 'trace', 'session_id', 'metadata'}) do

@@ -21,7 +21,9 @@
 -- status...} with a status per task: 'ok', 'failed', 'retry', 'stale', 'canceled', 'dup', 'gone'.
 local c = context(KEYS[4], ARGV[3], ARGV[4], ARGV[5], KEYS[9])
 local inbox, agent = KEYS[1], ARGV[1]
-if not token_ok(KEYS[5], agent, ARGV[2], c, 'complete') then return {'refused'} end
+local now = now_ms()
+local sha = token_ok(KEYS[5], agent, ARGV[2], c, 'complete', now)
+if not sha then return {'refused'} end
 local n = #KEYS - 13
 local health, ceiling, stats = KEYS[6], tonumber(ARGV[7]), KEYS[9]
 local p = nil  -- (the policy, read only when a retry decision or a pull needs it)
@@ -29,10 +31,8 @@ local function policy()
   p = p or load_policy(KEYS[12], ARGV[11])
   return p
 end
-local now = now_ms()
-local sha = nil
 local r = {agent = agent, now = now, now_s = jint(now), policy = policy,
-           token_sha = function() sha = sha or redis.sha1hex(ARGV[2]); return sha end}
+           token_sha = function() return sha end}
 local statuses, entries = {}, {}
 local timed, timed_ms = 0, 0  -- attempts that ran to an end here, and their execution time
 local ok_ms = {}  -- execution times of the successes (the agent's speed, _health.lua)

@@ -10,18 +10,19 @@
 -- (so a handler that reports in a loop cannot grow the record without bound). The seqs of the
 -- dropped events are gaps that readers skip (see watch.lua).
 local c = context(KEYS[2], ARGV[5], ARGV[6], 0)
-if not token_ok(KEYS[3], ARGV[1], ARGV[2], c, 'progress') then return 'refused' end
+local now = now_ms()
+local token_sha = token_ok(KEYS[3], ARGV[1], ARGV[2], c, 'progress', now)
+if not token_sha then return 'refused' end
 local t = load_task(KEYS[1], {'state', 'fence', 'agent_id', 'pk', 'pn', 'progress_dropped'})
 if not t.state then return 'gone' end
 if t.state == 'canceled' then return 'canceled' end
 if (t.state ~= 'running' and t.state ~= 'dispatched') or t.fence ~= ARGV[3] or t.agent_id ~= ARGV[1] then
   return 'stale'
 end
-local now = now_ms()
 if t.state == 'dispatched' then
   -- The agent started the task from its inbox entry and the record of the start is on its way
   -- (see accept.lua): record it now, so the start comes before the progress.
-  start_attempt(c, t, ARGV[1], redis.sha1hex(ARGV[2]), now)
+  start_attempt(c, t, ARGV[1], token_sha, now)
 end
 event(c, t, 'progress', ARGV[1], now, ARGV[4])
 local kept, n = t.pk or '', (tonumber(t.pn) or 0) + 1

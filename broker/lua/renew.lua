@@ -8,7 +8,7 @@
 -- whose attempt was superseded (reclaimed, canceled, gone) is not renewed, and the worker is told
 -- to stop it.
 -- Returns {'refused'} for a bad token, else a status per task: 'ok', 'stale', 'canceled', 'gone'.
-if not token_ok(KEYS[2], ARGV[1], ARGV[2], nil, 'renew') then return {'refused'} end
+if not token_ok(KEYS[2], ARGV[1], ARGV[2], nil, 'renew', now_ms()) then return {'refused'} end
 local inbox, agent = KEYS[1], ARGV[1]
 local out = {}
 for i = 0, #KEYS - 3 do
