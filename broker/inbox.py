@@ -25,6 +25,17 @@ log = logging.getLogger("reach.inbox")
 BATCH = 200
 
 
+def agent_group(groups: Any) -> tuple[int, str] | None:
+    """(pending, last-delivered id) of the agents' group in an XINFO GROUPS reply; None when
+    the reply holds no such group (or is an error)."""
+    if not isinstance(groups, list):
+        return None
+    for group in groups:
+        if isinstance(group, dict) and group.get("name") == AGENT_GROUP:
+            return int(group.get("pending") or 0), str(group.get("last-delivered-id"))
+    return None
+
+
 async def last_delivered(client: AsyncRedis, inbox: str) -> str | None:
     """The consumer group's last-delivered id, or None when the inbox or group does not exist."""
     try:
@@ -33,10 +44,8 @@ async def last_delivered(client: AsyncRedis, inbox: str) -> str | None:
         if is_permission_error(exc):
             raise
         return None
-    for group in groups:
-        if group.get("name") == AGENT_GROUP:
-            return str(group.get("last-delivered-id"))
-    return None
+    group = agent_group(groups)
+    return group[1] if group is not None else None
 
 
 async def release_unread(client: AsyncRedis, scripts: AsyncScripts, settings: Settings, capability: str,

@@ -17,16 +17,21 @@ def _number(value: object) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def usable_slots(record: AgentRecord) -> int:
+    """The agent's slots less those held by handlers that ran past their timeout (Python cannot
+    stop them): they run nothing. (When they hold every slot the agent leaves.)"""
+    held = _number(record.stats.get("held_slots")) or 0.0
+    held = min(max(held, 0.0), record.max_concurrency) if math.isfinite(held) else 0.0
+    return record.max_concurrency - int(held)
+
+
 def candidate(record: AgentRecord, load: InboxLoad, health: AgentHealth,
               recent_exec_ms: float | None) -> Candidate:
     stats = record.stats
-    # Slots held by handlers that ran past their timeout (Python cannot stop them) run nothing:
-    # the agent is sent work for the rest. (When they hold every slot the agent leaves.)
-    held = _number(stats.get("held_slots")) or 0.0
-    held = min(max(held, 0.0), record.max_concurrency) if math.isfinite(held) else 0.0
+    # (The agent is sent work for the slots its handlers do not hold.)
     return Candidate(
         agent_id=record.agent_id,
-        max_concurrency=max(1, record.max_concurrency - int(held)),
+        max_concurrency=max(1, usable_slots(record)),
         load=load,
         latency_p50_ms=_number(stats.get("latency_p50_ms")),
         latency_baseline_ms=_number(stats.get("latency_baseline_ms")),

@@ -2,10 +2,10 @@
 
 Each step routes (a round: read the ready tasks, choose an agent for each, hand them off),
 then does the housekeeping that is due (intake, due retries, due deadlines: housekeeping.py),
-the lease sweep (leases.py) and, once a second, the check for tasks no agent could take
-(no_agent.py). With nothing moving, the loop sleeps until a wake-up (new
-task, freed capacity, registry change), the next due retry or deadline, or the next lease
-sweep; never longer than the idle tick. The parts:
+the lease sweep (leases.py), the check for agents that stopped reading their inbox (stalls.py)
+and, once a second, the check for tasks no agent could take (no_agent.py). With nothing moving,
+the loop sleeps until a wake-up (new task, freed capacity, registry change), the next due retry
+or deadline, or the next lease sweep or stall check; never longer than the idle tick. The parts:
 
     observations  loads, told speeds, health, probes; the round's candidates
     ready         the ready queue's front
@@ -13,6 +13,7 @@ sweep; never longer than the idle tick. The parts:
     grants        grants and pulls, the decisions left standing for the scripts
     snapshots     what rounds saw, for `reach explain`
     policy        the capability's policy (pause, rate, max_running are the scripts' to hold)
+    stalls        agents that stopped reading: their unread tasks back, nothing new for them
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from dispatcher.policy import CapabilityPolicy
 from dispatcher.ready import ReadyQueue
 from dispatcher.routing import MAX_ROUND_TASKS, Choice, ReadyTask, RoutingRound, max_unread, round_tasks
 from dispatcher.snapshots import Snapshots
+from dispatcher.stalls import StallWatch
 
 log = logging.getLogger("reach.dispatcher")
 
@@ -60,6 +62,7 @@ class CapabilityLoop:
         self.housekeeping = Housekeeping(ctx, self.keys)
         self.leases = LeaseSweep(ctx, self.keys)
         self.no_agent = NoAgentWatch(ctx, self.keys)
+        self.stalls = StallWatch(ctx, self.keys, lambda agent_id: self.observations.health.get(agent_id))
         self.policy = CapabilityPolicy(ctx, capability)
         self._hold_until = 0.0
         """No round before this (monotonic): the rate allows no start until then."""
@@ -158,7 +161,8 @@ class CapabilityLoop:
         for due in (house.next_delayed_ms, house.next_deadline_ms):
             if due is not None:
                 timeout = min(timeout, max((due - now) / 1000, not_before))
-        timeout = min(timeout, self.leases.next_at - time.monotonic())
+        timeout = min(timeout, self.leases.next_at - time.monotonic(),
+                      self.stalls.next_at - time.monotonic())
         if self._hold_until:
             timeout = min(timeout, max(0.0, self._hold_until - time.monotonic()))
         return max(0.001, timeout)
@@ -178,6 +182,11 @@ class CapabilityLoop:
             moved += housekept
         if self.leases.due():
             moved += await self.leases.run()
+        if self.stalls.due():
+            released = await self.stalls.run()
+            if released:
+                self.ready.forget()  # (they are queued again)
+            moved += released
         moved += await self.no_agent.run(self.policy.current)
         return moved > 0
 
@@ -190,7 +199,7 @@ class CapabilityLoop:
         # the queue is empty, so a round is rare then. The set standing is its last writer's:
         # the agents another dispatcher granted are read by the registry refresh.)
         await self.observations.refresh_unsure(self.grants.granted_agents())
-        candidates, filtered = self.observations.candidates()
+        candidates, filtered = self.stalls.routable(*self.observations.candidates())
         if not candidates or self.policy.current.paused:
             # (Paused: nothing starts, by a round, a grant or a pull.)
             settled, _ = await self.handoff.settle()
@@ -208,8 +217,10 @@ class CapabilityLoop:
             self.metrics.decisions.inc(len(choices))
         if drained:
             self.ready.maybe_queued = False
-        # Agents pull only while tasks wait (an empty queue has grants instead).
-        await self.grants.pull(round_ if self.ready.maybe_queued else None)
+        # Pulls stand whether tasks wait or not (a completion pulls only from a queue that has
+        # some): the first task that finds no grant is taken by the next completion anywhere,
+        # not held until a round notices the queue and writes them.
+        await self.grants.pull(round_)
         grant_round = round_ if drained or want <= 0 else None
         if not choices:
             moved, _ = await self.handoff.settle()

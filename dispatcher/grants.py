@@ -1,5 +1,5 @@
 """Routing decisions a dispatcher leaves standing for the scripts to carry out (see
-broker/protocol/grants.py): grants while the queue is empty, pulls while tasks wait.
+broker/protocol/grants.py): grants while the queue is empty, pulls for when tasks wait.
 
 Grants: a round that finds the queue empty leaves its agents' remaining room as grants, in
 weighted random order; submit.lua hands the next tasks without routing constraints straight to
@@ -7,10 +7,13 @@ them. A grant set no different from the standing one is not written again until 
 time to live has passed, or until submits used half of it. Grants stand only while the queue is
 empty: a round that leaves tasks queued takes them back.
 
-Pulls: while tasks wait, every healthy agent whose circuit is closed holds a standing pull, and
+Pulls: every healthy agent whose circuit is closed holds a standing pull, and while tasks wait
 its report of finished tasks takes the next plain tasks from the queue (complete.lua); so a
-drain needs no dispatcher round per completion. Rewritten when the set changes (an agent's
-circuit opened, it went cold, it left), else refreshed before it expires.
+drain needs no dispatcher round per completion. They stand while the queue is empty too: the
+first task that finds no grant left (every slot busy) waits for the fleet's next completion,
+as in a pull queue, not for a round to notice the queue and write them first. Rewritten when
+the set changes (an agent's circuit opened, it went cold, it left), else refreshed before it
+expires.
 
 Probes: an agent back from an open circuit (or an ejection) gets one probe task, which while
 the queue is empty comes by grant. The round counts the probe as out once granted, so a probe
@@ -26,7 +29,7 @@ from broker.keys import CapabilityKeys
 from broker.protocol.grants import Grant, Pull, grant_call, parse_grant, pulls_call
 from dispatcher.context import DispatcherContext
 from dispatcher.observations import Observations
-from dispatcher.routing import RoutingRound, max_unread
+from dispatcher.routing import RoutingRound, max_unread, prefetch
 from dispatcher.snapshots import Snapshots
 
 GRANT_TTL_TICKS = 3
@@ -119,8 +122,12 @@ class Grants:
         round_id = await self.snapshots.of(round_)
         by_id = {c.agent_id: c for c in round_.agents}
         for choice, low_only in round_.grants(self.ctx.settings.dispatch_batch):
-            unread = max_unread(by_id[choice.agent_id], self.ctx.settings)
-            grants.append(Grant(choice.agent_id, unread, round_id, choice.score, low_only))
+            c = by_id[choice.agent_id]
+            unread = max_unread(c, self.ctx.settings)
+            # (Used only while its slots and the prefetch it is allowed hold room: see
+            # lua/_handoff.lua.)
+            inflight = c.max_concurrency + prefetch(c, self.ctx.settings)
+            grants.append(Grant(choice.agent_id, unread, round_id, choice.score, low_only, inflight))
             shape.append((choice.agent_id, low_only))
             if choice.why == "probe":
                 probes[choice.agent_id] = self.observations.probes[choice.agent_id]
@@ -136,7 +143,7 @@ class Grants:
 
     async def pull(self, round_: RoutingRound | None) -> None:
         """Let the agents the round found healthy (full or not) take ready tasks themselves as
-        they finish others, while the queue is deep (None: no pulls)."""
+        they finish others whenever tasks wait (None: no pulls)."""
         settings = self.ctx.settings
         standing = round_.pulls() if round_ is not None else []
         limits = {c.agent_id: max_unread(c, settings) for c, _ in standing}

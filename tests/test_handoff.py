@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import signal
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -39,6 +40,7 @@ from dispatcher.routing import Candidate, InboxLoad, RoutingRound
 from dispatcher.service import Dispatcher
 from tests.conftest import Fleet, wait_until
 from tests.handlers import runs
+from tests.registry_reads import MakeSettings
 
 
 def bind(r: redis.Redis, settings: Settings, capability: str, agent: str) -> None:
@@ -128,6 +130,28 @@ def test_submit_follows_grants_and_skips_the_ones_it_may_not_use(
     behind = client.submit("grants", {"n": 5}, priority=9)
     assert behind.status().state == "queued" and r.llen(ck.grants) == 3
     assert int(r.hget(ck.stats, "direct") or 0) == 2
+
+
+def test_a_grant_is_not_used_once_its_agents_slots_filled_another_way(
+    client: ReachClient, settings: Settings, r: redis.Redis, prefix: str
+) -> None:
+    # A grant carries the most entries its agent's inbox may hold (its slots and the prefetch
+    # it is allowed): written while the agent had a free slot, it is dropped unused once the
+    # slots filled another way (here a round's hand-off), and the next grant is taken instead.
+    cap = "bound"
+    ck = CapabilityKeys(prefix, cap)
+    for agent in ("busy", "free"):
+        bind(r, settings, cap, agent)
+    hand(r, settings, cap, "busy", *[client.submit(cap, {"n": i}) for i in range(2)])
+    assert r.xlen(ck.inbox("busy")) == 2
+    grant(r, settings, cap, "busy|20|round-b|90||2", "free|20|round-b|40||2")
+    task = client.submit(cap, {"n": 2})
+    assert task.status().agent_id == "free" and r.llen(ck.grants) == 0
+    # Below the bound, the grant stands (an old grant without one is never bounded).
+    grant(r, settings, cap, "free|20|round-c|40||2", "busy|20|round-c|90|")
+    assert client.submit(cap, {"n": 3}).status().agent_id == "free"
+    assert client.submit(cap, {"n": 4}).status().agent_id == "busy"
+    assert r.xlen(ck.inbox("free")) == 2 and r.xlen(ck.inbox("busy")) == 3
 
 
 def wake_messages_until_marker(pubsub: Any, r: redis.Redis, channel: str, slot_key: str) -> list[str]:
@@ -493,6 +517,38 @@ def test_after_a_drain_by_pulls_an_idle_agent_again_gets_tasks_straight_from_sub
     direct = one_at_a_time_by_grant(client, r, prefix, "deep", range(2001, 2021))
     assert direct >= 15, "after the drain, an idle agent's tasks should skip the dispatcher again"
     assert set(runs(r, prefix).values()) == {1} and len(runs(r, prefix)) == 2021
+
+
+def test_a_task_that_finds_every_slot_busy_is_pulled_by_the_next_completion_without_a_round(
+    fleet: Fleet, r: redis.Redis, prefix: str, make_settings: MakeSettings
+) -> None:
+    # An agent that finishes less than a task per refill gets no grant beyond its free slots,
+    # and pulls stand while the queue is empty too: a task submitted while every slot runs
+    # waits in the queue (where the fleet's next free slot takes it), not in a busy agent's
+    # inbox, and the completion that frees a slot takes it with no dispatcher round: the
+    # dispatcher is stopped meanwhile. (Idle ticks of 2 s: the pulls it wrote stand 6 s.)
+    settings = make_settings(idle_tick_ms=2000)
+    ck = CapabilityKeys(prefix, "busy")
+    dispatcher = fleet.dispatcher(settings=settings)
+    worker = fleet.worker("busy", handler="tests.handlers:sleepy", concurrency=1, settings=settings)
+    with ReachClient(settings) as client:
+        for i in range(6):  # (its speed, 50 ms a task, is known after its fifth)
+            assert client.run("busy", {"n": f"w{i}", "s": 0.05}, timeout=30)["slept"] == 0.05
+        wait_until(lambda: r.hexists(ck.pulls, str(worker.agent_id)) and r.llen(ck.grants) == 1,
+                   message="a standing pull and one grant (the free slot, no prefetch)")
+        long = client.submit("busy", {"n": "long", "s": 1.0})
+        wait_until(lambda: long.status().state == "running", message="the long task running")
+        assert r.llen(ck.grants) == 0
+        dispatcher.signal(signal.SIGSTOP)
+        try:
+            short = client.submit("busy", {"n": "short", "s": 0})
+            assert short.status().state == "queued"
+            assert short.result(timeout=30) == {"slept": 0, "attempt": 1}
+            explain = record(r, prefix, short.task_id)["explain"]
+            assert explain.split("|")[1] == "pull", explain
+            assert long.result(timeout=30) == {"slept": 1.0, "attempt": 1}
+        finally:
+            dispatcher.signal(signal.SIGCONT)
 
 
 def loop_without_service(settings: Settings, capability: str) -> CapabilityLoop:

@@ -254,14 +254,15 @@ def slow_fleet(**slow: object) -> list[Candidate]:
 
 
 def test_an_agent_slower_than_the_fleet_gets_tasks_only_where_faster_ones_have_no_room() -> None:
-    # Three agents at 40 ms a task, one at 400: the fast ones take their free slots and their
-    # prefetch (4 + 2 each) first; then the slow one its free slots, no prefetch, and only for
-    # tasks that waited in the queue twice as long as it is slower (2 x 360 ms); then nobody.
+    # Three agents at 40 ms a task, one at 400: the fast ones take their free slots first (no
+    # prefetch: at 40 ms a task none finishes one per refill); then the slow one its free slots,
+    # and only for tasks that waited in the queue twice as long as it is slower (2 x 360 ms);
+    # then nobody.
     round_ = RoutingRound(slow_fleet(out=1, run=1), S, NOW, random.Random(7))
     assert round_.fleet_ms == 40.0 and round_.rooms[round_.index["slow"]] == 3
-    picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW - 5)) for i in range(20)]
-    assert Counter(p.agent_id for p in picks[:18] if p) == Counter({"f0": 6, "f1": 6, "f2": 6})
-    assert picks[18:] == [None, None]  # (better to wait for a fast agent's next free slot)
+    picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW - 5)) for i in range(14)]
+    assert Counter(p.agent_id for p in picks[:12] if p) == Counter({"f0": 4, "f1": 4, "f2": 4})
+    assert picks[12:] == [None, None]  # (better to wait for a fast agent's next free slot)
     # And the round stops reading there: the tasks behind waited less (a deep queue is not
     # read to its end for the slow agent's free slots).
     assert round_.capacity == 0 and round_.rooms[round_.index["slow"]] == 3
@@ -286,6 +287,25 @@ def test_an_agent_slower_than_the_fleet_gets_tasks_only_where_faster_ones_have_n
     slow_row = next(c for c in snap["candidates"] if c["agent_id"] == "slow")
     assert slow_row["slow"] is True and slow_row["penalty"] == S.slow_penalty
     assert snap["fleet_speed_ms"] == 40.0
+
+
+def test_an_agent_finishing_less_than_a_task_per_refill_gets_no_task_behind_a_busy_slot() -> None:
+    # Agents at 40 ms a task, 4 slots: none finishes a task within a refill (2 ms), so none is
+    # given more than its free slots, by a round or a grant. A task that finds no free slot
+    # stays in the queue, where the fleet's next completion pulls it: in a busy agent's inbox
+    # it would wait for that agent's next free slot, four times as long in this fleet.
+    def fleet() -> list[Candidate]:
+        return [told(f"a{i}", 40.0, out=o, run=o) for i, o in enumerate((0, 1, 3, 4))]
+
+    round_ = RoutingRound(fleet(), S, NOW, random.Random(5))
+    assert "a3" not in round_.index and round_.filtered["a3"] == "watermark"
+    picks = [round_.choose(ReadyTask(f"t{i}", ready_at_ms=NOW)) for i in range(10)]
+    assert Counter(p.agent_id for p in picks if p) == Counter({"a0": 4, "a1": 3, "a2": 1})
+    assert picks[8:] == [None, None] and round_.capacity == 0
+    grants = RoutingRound(fleet(), S, NOW, random.Random(5)).grants(1000)
+    assert Counter(c.agent_id for c, _ in grants) == Counter({"a0": 4, "a1": 3, "a2": 1})
+    # Every one of them pulls, the full one too: that is how the queued task reaches a slot.
+    assert sorted(c.agent_id for c, _ in round_.pulls()) == ["a0", "a1", "a2", "a3"]
 
 
 def test_a_slow_agent_gets_no_grant_or_pull_while_a_faster_one_has_room() -> None:
@@ -371,12 +391,13 @@ def test_a_weighted_pool_built_at_once_is_the_one_built_by_setting_each_weight()
 def test_grants_fill_free_slots_before_any_agents_prefetch() -> None:
     # Submits take grants in order: a task in a free slot starts at once, one in a prefetch
     # slot waits for that agent's next finished task, so every free slot comes first.
-    agents = [agent(f"a{i}", conc=4, out=o, run=o, latency_p50_ms=20.0) for i, o in enumerate((0, 2, 4))]
+    # (Agents fast enough for a prefetch: 1 ms a task, 4 x 2 ms refill / 1 ms = 8 each.)
+    agents = [agent(f"a{i}", conc=4, out=o, run=o, latency_p50_ms=1.0) for i, o in enumerate((0, 2, 4))]
     free = {"a0": 4, "a1": 2, "a2": 0}
     for seed in range(20):
         fresh = [agent(a.agent_id, conc=4, out=a.load.outstanding, run=a.load.running,
-                       latency_p50_ms=20.0) for a in agents]
+                       latency_p50_ms=1.0) for a in agents]
         grants = [c.agent_id for c, _ in RoutingRound(fresh, S, NOW, random.Random(seed)).grants(1000)]
         head = Counter(grants[:sum(free.values())])
         assert head == Counter({k: v for k, v in free.items() if v}), (seed, grants)
-        assert len(grants) > sum(free.values())  # (and then their prefetch: 4 each at 20 ms)
+        assert len(grants) > sum(free.values())  # (and then their prefetch)

@@ -169,7 +169,11 @@ def test_room_respects_watermark_backlog_and_speed() -> None:
     assert room(cand(6, 6), s) == 3  # two free slots + prefetch 1 (unknown speed)
     assert room(cand(0, 0, p50=0.01), s) == 40  # a fast agent gets a deep buffer, capped at 5x
     assert room(cand(0, 40, p50=0.01), s) == 0  # backlog limit reached
-    assert room(cand(0, 0, p50=10_000), s) == 9  # slow: free slots plus one
+    # An agent that finishes less than a task per refill: its free slots, no prefetch (a task
+    # in its inbox would wait for its next free slot; in the queue, for the fleet's).
+    assert room(cand(0, 0, p50=10_000), s) == 8
+    assert room(cand(5, 5, p50=40.0), s) == 3
+    assert room(cand(0, 0, p50=1.0), s) == 8 + 16  # 8 x 2 ms refill / 1 ms a task
 
 
 def test_a_fast_agent_at_the_watermark_still_gets_its_refill_allowance() -> None:
@@ -179,14 +183,15 @@ def test_a_fast_agent_at_the_watermark_still_gets_its_refill_allowance() -> None
              recent: float | None = None) -> Candidate:
         return Candidate("a", 8, InboxLoad(outstanding, running), p50, recent_exec_ms=recent)
 
-    # 8 x 20 ms refill window / 2 ms per task = 80 tasks, capped at the 5 x 8 backlog limit.
-    assert refill_allowance(cand(8, 8, p50=2.0), s) == 40
-    assert room(cand(8, 8, p50=2.0), s) == 40
-    assert room(cand(8, 29, p50=2.0), s) == 0  # 21 unread: more than half the buffer, wait
-    assert room(cand(8, 28, p50=2.0), s) == 20  # half used: top it up
+    # 8 x 2 ms refill window / 0.2 ms per task = 80 tasks, capped at the 5 x 8 backlog limit.
+    assert refill_allowance(cand(8, 8, p50=0.2), s) == 40
+    assert room(cand(8, 8, p50=0.2), s) == 40
+    assert room(cand(8, 29, p50=0.2), s) == 0  # 21 unread: more than half the buffer, wait
+    assert room(cand(8, 28, p50=0.2), s) == 20  # half used: top it up
+    assert refill_allowance(cand(8, 8, p50=2.0), s) == 8
     # The dispatcher's own view of recent completions beats a stale heartbeat p50.
-    assert room(cand(8, 8, p50=2.0, recent=400.0), s) == 0
-    assert room(cand(8, 8, p50=400.0, recent=2.0), s) == 40
+    assert room(cand(8, 8, p50=0.2, recent=400.0), s) == 0
+    assert room(cand(8, 8, p50=400.0, recent=0.2), s) == 40
     # A slow agent, or one of unknown speed, at the watermark gets nothing: no task waits
     # behind a long one while another agent could take it.
     assert room(cand(8, 8, p50=1000.0), s) == 0

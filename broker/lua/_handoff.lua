@@ -1,12 +1,15 @@
 -- Direct hand-off ("sync match", as Temporal's matching service calls it), used by submit.lua:
 -- while nothing waits in the ready queue, a task without routing constraints goes straight to
 -- an agent's inbox, taking the next grant a dispatcher left in the grants list. A grant is
--- `agent|most unread entries|round|score|low` (broker/protocol/grants.py): the dispatcher orders
+-- `agent|most unread entries|round|score|low[|most in flight]` (broker/protocol/grants.py): the dispatcher orders
 -- grants by weighted random choice over the agents' scores and gives an agent no more than its
 -- room, so this is the dispatcher's own decision, taken ahead of time. `low` is '1' for a grant
 -- of a cold agent (recovered lately), which only a low-priority task may take; a task of higher
 -- priority puts it back at the end. The grant is checked here (token, not draining, inbox below
--- its limit) and skipped when stale; the list expires unless a dispatcher keeps refreshing it.
+-- its limit; and its length, the entries read and unread, below `most in flight`: a grant written
+-- while the agent had a free slot is no use once its slots filled another way, e.g. a set written
+-- from loads read just before submits used the set before, which its credits would carry on) and
+-- skipped when stale; the list expires unless a dispatcher keeps refreshing it.
 
 -- The agent of the next grant a task of `priority` may use, from the grants list `g` (a table:
 -- grants, granted, tokens keys; inbox_prefix; low_max): {agent, inbox, round, score, inbox
@@ -15,7 +18,8 @@ local function next_grant(g, priority)
   for _ = 1, 4 do
     local grant = redis.call('LPOP', g.grants)
     if not grant then return nil end
-    local agent, most, round, score, low = string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)$')
+    local agent, most, round, score, low, inflight =
+      string.match(grant, '^([^|]+)|(%d+)|([^|]*)|([^|]*)|([^|]*)|?(%d*)$')
     if agent and low == '1' and priority > g.low_max then
       -- For a low-priority task that comes later. (A list the LPOP emptied is gone, and its
       -- expiry with it: the grant stands only as long as its set.)
@@ -28,9 +32,12 @@ local function next_grant(g, priority)
       -- it has read matters only near the limit.)
       local inbox = g.inbox_prefix .. agent
       local len, pending = redis.call('XLEN', inbox), -1
-      if len + 1 > tonumber(most) then len, pending = inbox_load(inbox) end
-      if pending < 0 or len - pending < tonumber(most) then
-        return {agent, inbox, round, score, len, pending}
+      local bound = tonumber(inflight) or 0
+      if bound <= 0 or len < bound then
+        if len + 1 > tonumber(most) then len, pending = inbox_load(inbox) end
+        if pending < 0 or len - pending < tonumber(most) then
+          return {agent, inbox, round, score, len, pending}
+        end
       end
     end
   end

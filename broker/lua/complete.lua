@@ -90,6 +90,9 @@ local tell_speed = speed ~= nil and speed[4]
 
 local len, pending = inbox_load(inbox)
 local pulled = 0
+-- (Pulls stand while the queue is empty too, see dispatcher/grants.py: nothing to take then.)
+local waiting = redis.call('ZCARD', KEYS[7]) > 0
+if not waiting then pull = nil end
 if pull and ceiling > 0 and tonumber(redis.call('HGET', health, 'cs:' .. agent) or '0') > 0 then
   pull = nil
 end
@@ -111,8 +114,7 @@ flush_feed(c)
 
 -- A quiet completion (_credits.lua): give the grants back and tell nobody.
 local quiet = all_ok and not h.slow_any and not tell_speed and pulled == 0 and (cf_before or '0') == '0'
-  and redis.call('ZCARD', KEYS[7]) == 0
-  and quiet_credits({grants = KEYS[10], granted = KEYS[11], tokens = KEYS[5]}, agent, by_grant)
+  and not waiting and quiet_credits({grants = KEYS[10], granted = KEYS[11], tokens = KEYS[5]}, agent, by_grant)
 
 -- The dispatchers keep each agent's load, health and speed from these messages. A call that
 -- refilled every slot it freed, after and before a success, changed neither (its inbox holds as

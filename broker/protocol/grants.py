@@ -3,9 +3,13 @@
 A **grant** is an inbox slot a dispatcher's round left for submit.lua to fill while the ready
 queue is empty (lua/_handoff.lua), one list entry each, in the order they are to be used:
 
-    <agent>|<most unread entries>|<round>|<score>|<low>
+    <agent>|<most unread entries>|<round>|<score>|<low>[|<most entries in flight>]
 
-A **pull** stands for one agent while tasks wait in the queue (lua/_pull.lua): its report of
+The last field, when there (and not 0), bounds the agent's inbox length (read and unread
+entries: its slots plus the prefetch the dispatcher allows it): a grant written while the agent
+had a free slot is dropped unused once its slots filled another way.
+
+A **pull** stands for one agent (lua/_pull.lua): while tasks wait in the queue, its report of
 finished tasks takes the next plain tasks from the queue into its inbox. The pulls hash maps
 the agent id to
 
@@ -37,18 +41,23 @@ class Grant:
     round_id: str
     score: float
     low_only: bool = False
+    max_inflight: int = 0
+    """The most entries its inbox may hold for the grant to be used (0: no bound)."""
 
     def encode(self) -> str:
         low = "1" if self.low_only else ""
-        return f"{self.agent_id}|{self.max_unread}|{self.round_id}|{self.score:g}|{low}"
+        text = f"{self.agent_id}|{self.max_unread}|{self.round_id}|{self.score:g}|{low}"
+        return f"{text}|{self.max_inflight}" if self.max_inflight else text
 
     @classmethod
     def parse(cls, text: str) -> Grant | None:
         parts = text.split("|")
-        if len(parts) != 5 or not parts[0]:
+        if len(parts) not in (5, 6) or not parts[0]:
             return None
         try:
-            return cls(parts[0], int(parts[1]), parts[2], float(parts[3] or 0), parts[4] == "1")
+            inflight = int(parts[5]) if len(parts) == 6 else 0
+            return cls(parts[0], int(parts[1]), parts[2], float(parts[3] or 0), parts[4] == "1",
+                       inflight)
         except ValueError:
             return None
 

@@ -16,6 +16,7 @@ from dispatcher.routing.rules import (
     components,
     fleet_speed,
     gate,
+    judged_speed,
     max_unread,
     prefetch,
     refill_allowance,
@@ -29,5 +30,5 @@ from dispatcher.routing.rules import (
 
 __all__ = ["FULL_REASONS", "MAX_ROUND_TASKS", "RECHECK_MS", "REFILL_WINDOW_MS", "Candidate", "Choice",
            "InboxLoad", "ReadyTask", "RoutingRound", "WeightedPool", "assign", "at_watermark", "components",
-           "fleet_speed", "gate", "max_unread", "prefetch", "refill_allowance", "room", "round_tasks",
-           "score", "slower_than_fleet", "speed", "task_ms", "told_speed"]
+           "fleet_speed", "gate", "judged_speed", "max_unread", "prefetch", "refill_allowance", "room",
+           "round_tasks", "score", "slower_than_fleet", "speed", "task_ms", "told_speed"]

@@ -38,14 +38,14 @@ moves (the dispatch script records the new agent). A retry avoids the agent that
 another one can take it.
 
 An agent's room: how many more tasks it may be given now. While running/max_concurrency is at
-or above the watermark, only its refill allowance (what it finishes while the dispatcher refills
-its inbox: nothing for a slow agent or one of unknown speed), topped up once half of it is used;
-never more unread entries than backlog_factor x max_concurrency (the dispatch script enforces
-this atomically too); within that, free slots plus a prefetch
-sized to the agent's speed (about what it finishes while the dispatcher refills, Little's law):
-fast agents get a deep buffer, slow ones little more than their free slots (and those slower
-than the fleet their free slots only), so queued work stays in the priority queue where any
-agent can take it.
+or above the watermark, only its refill allowance (what it finishes while its inbox is refilled,
+REFILL_WINDOW_MS: nothing for an agent that finishes less than a task in that time, or of
+unknown speed), topped up once half of it is used; never more unread entries than
+backlog_factor x max_concurrency (the dispatch script enforces this atomically too); within
+that, free slots plus a prefetch sized to the agent's speed (Little's law, see `prefetch`):
+fast agents get a deep buffer; an agent that finishes less than one task per refill gets its
+free slots only, so queued work stays in the priority queue where the fleet's next free slot
+takes it, not in one busy agent's inbox behind its running tasks.
 """
 
 from __future__ import annotations
@@ -53,12 +53,17 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from broker.protocol.health import SPEED_FLOOR_MS, SPEED_KNOWN
+from broker.protocol.health import SPEED_FLOOR_MS, SPEED_KNOWN, AgentHealth
 from broker.settings import Settings
 from dispatcher.routing.model import Candidate
 
-REFILL_WINDOW_MS = 20.0
-"""How long the dispatcher may take to refill an inbox; prefetch covers this much work."""
+REFILL_WINDOW_MS = 2.0
+"""How long refilling an inbox takes, which prefetch covers: an agent's report of finished tasks
+takes the next ones itself (a pull while tasks wait, broker/lua/_pull.lua; while none wait, the
+grants it gives back take the next submits, _credits.lua) and reads them in the same round trip
+(agent_worker/reporter.py): about a millisecond, twice that on a loaded host. (A dispatcher
+round, the refill of a task with routing constraints or after a failure, takes longer; it
+follows the completion at once.)"""
 RECHECK_MS = 1000
 """An agent slower than the fleet that holds nothing gets one task this long after its last
 success, to see whether it still is (four or five such tasks bring a recovered agent back)."""
@@ -78,15 +83,19 @@ def task_ms(candidate: Candidate) -> float | None:
 
 def told_speed(candidate: Candidate) -> float | None:
     """The agent's speed as its completions keep it, once they counted enough tasks."""
-    h = candidate.health
-    return h.speed_ms if h.speed_samples >= SPEED_KNOWN and h.speed_ms > 0 else None
+    return judged_speed(candidate.health, None)
+
+
+def judged_speed(health: AgentHealth | None, latency_p50_ms: float | None) -> float | None:
+    """How long an agent takes per task, for judging it: its told speed (its health), else the
+    heartbeat's p50 (see the module's docstring)."""
+    if health is not None and health.speed_samples >= SPEED_KNOWN and health.speed_ms > 0:
+        return health.speed_ms
+    return latency_p50_ms
 
 
 def speed(candidate: Candidate) -> float | None:
-    """How long the agent takes per task, for judging it: its told speed, else the heartbeat's
-    p50 (see the module's docstring)."""
-    told = told_speed(candidate)
-    return told if told is not None else candidate.latency_p50_ms
+    return judged_speed(candidate.health, candidate.latency_p50_ms)
 
 
 def fleet_speed(candidates: Iterable[Candidate]) -> float | None:
@@ -114,7 +123,13 @@ def refill_allowance(candidate: Candidate, settings: Settings) -> int:
 
 
 def prefetch(candidate: Candidate, settings: Settings) -> int:
-    return max(1, refill_allowance(candidate, settings))
+    """Unread tasks beyond the agent's free slots: its refill allowance (none for an agent
+    that finishes less than a task per refill: a task in its inbox would wait for its next free
+    slot, while in the queue the fleet's next free slot takes it); one for an agent of unknown
+    speed (a new agent, before its first reports)."""
+    if task_ms(candidate) is None:
+        return 1
+    return refill_allowance(candidate, settings)
 
 
 def at_watermark(candidate: Candidate, settings: Settings) -> bool:
