@@ -110,6 +110,9 @@ AGENT_GROUP = "agents"
 """The consumer group of every inbox (its agent is the only consumer)."""
 TASK_DONE_SUFFIX = ":done"
 """A task's done list is its record's key plus this (see CapabilityKeys.task_done)."""
+TASK_DONE_MESSAGE = "done|"
+"""A watched task's channel gets this plus its outcome (the done list's JSON) as it ends (see
+lua/_finish.lua; read by broker/protocol/lifecycle.done_message)."""
 DRAINING_FIELD = "draining:"
 """The tokens hash marks a draining agent with the field DRAINING_FIELD + agent id."""
 TOKEN_EXPIRY_FIELD = "exp:"
@@ -141,6 +144,7 @@ LUA_CONSTANTS = {
     "AGENT_GROUP": AGENT_GROUP,
     "DISPATCH_GROUP": DISPATCH_GROUP,
     "DONE_SUFFIX": TASK_DONE_SUFFIX,
+    "DONE_MESSAGE": TASK_DONE_MESSAGE,
     "DRAINING": DRAINING_FIELD,
     "TOKEN_EXP": TOKEN_EXPIRY_FIELD,
     "POLICY_PACKED_FIELD": POLICY_PACKED_FIELD,

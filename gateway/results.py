@@ -2,10 +2,11 @@
 
 A long-poll subscribes the task's channel on the gateway's one pub/sub connection (a write,
 not a round trip), then reads the outcome (watch.lua, which also makes the scripts publish the
-task's events from now on): a task that ended is answered at once, one that has not after one
-more read once its terminal event came (reading before subscribing, then again after it to close
-the gap, took three reads for a long-poll sent right after its submit). Unsubscribing never
-delays the answer. `wait=0` only reads.
+task's outcome as it ends): a task that ended is answered at once, one that has not with the
+outcome its end published (one more read when that is too large to ride along, or after a
+reconnect). Reading before subscribing, then again after it to close the gap, took three reads
+for a long-poll sent right after its submit. Unsubscribing never delays the answer. `wait=0`
+only reads.
 """
 
 from __future__ import annotations
@@ -87,6 +88,9 @@ class ResultWaits:
                 with contextlib.suppress(TimeoutError):
                     while True:  # (until a terminal event, or a reconnect: None)
                         message = await asyncio.wait_for(queue.get(), min(remaining, RECHECK_S))
+                        pushed = lifecycle.message_outcome(message) if message else None
+                        if pushed is not None:
+                            return Outcome(*pushed)  # (as the task ended: no read needed)
                         if message is None or message_is_terminal(message):
                             break
         finally:

@@ -208,7 +208,11 @@ class AsyncReachClient:
                 done, value = lifecycle.parse_outcome(task_id, reply)
                 if done:
                     return value
-                await self._wait_for_terminal(queue, deadline, task_id, timeout)
+                pushed = await self._wait_for_terminal(queue, deadline, task_id, timeout)
+                if pushed is not None:
+                    done, value = lifecycle.parse_done(task_id, pushed)
+                    if done:
+                        return value
         finally:
             await listener.unwatch(channel, queue)
 
@@ -225,7 +229,9 @@ class AsyncReachClient:
     async def _wait_for_terminal(
         self, queue: asyncio.Queue[str | None], deadline: float | None, task_id: str,
         timeout: float | None,
-    ) -> None:
+    ) -> str | None:
+        """Wait for the task's end: its outcome as published (lua/_finish.lua), or None when
+        the record must be read (a terminal event without it at hand, a reconnect, a recheck)."""
         while True:
             remaining = _RECHECK_S if deadline is None else deadline - time.monotonic()
             if remaining <= 0:
@@ -233,9 +239,20 @@ class AsyncReachClient:
             try:
                 message = await asyncio.wait_for(queue.get(), min(remaining, _RECHECK_S))
             except TimeoutError:
-                return
-            if message is None or message_is_terminal(message):
-                return
+                return None
+            ended = False
+            while True:  # (what came with it too: the outcome follows a terminal event at once)
+                if message is None:
+                    return None
+                pushed = lifecycle.done_message(message)
+                if pushed is not None:
+                    return pushed
+                ended = ended or message_is_terminal(message)
+                if queue.empty():
+                    break
+                message = queue.get_nowait()
+            if ended:
+                return None
 
     async def events(self, task_id: str, timeout: float | None = None) -> AsyncIterator[TaskEvent]:
         self._keys(task_id)

@@ -7,6 +7,7 @@ from typing import Any
 
 from broker import codec
 from broker.infra.connection import SyncRedis
+from broker.keys import TASK_DONE_MESSAGE
 from broker.models import TERMINAL_EVENTS, TaskEvent
 from broker.protocol.trace import trace_id_of
 
@@ -25,9 +26,10 @@ def event_ends_story(event: TaskEvent, ended: bool) -> bool:
 
 
 def message_is_terminal(message: str) -> bool:
-    """Whether a message of a task's channel (`seq|type|...`) carries a terminal event."""
+    """Whether a message of a task's channel (`seq|type|...`, or `done|outcome`) tells of its
+    end."""
     parts = message.split("|", 2)
-    return len(parts) > 1 and parts[1] in TERMINAL_EVENTS
+    return len(parts) > 1 and (parts[1] in TERMINAL_EVENTS or message.startswith(TASK_DONE_MESSAGE))
 
 
 def read_events(client: SyncRedis, task_key: str, task_id: str) -> list[TaskEvent]:

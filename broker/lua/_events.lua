@@ -1,10 +1,12 @@
 -- A task's events live in its own record: field `seq` counts them and field `e:<n>` holds event
 -- n as `type|time ms|attempt|agent id|data JSON` (the task id and trace id are the record's).
 -- So an event costs no command of its own: it is two more fields in the HSET that changes the
--- task's state. Waiters register (watch.lua, or submit for its own producer): field `w` while
--- someone follows the task's events (only then are they published on its channel), field `d`
--- while someone blocks on its done list (only then is the outcome pushed there). Readers parse
--- events in broker/models.py (TaskEvent.from_compact) and feed lines in broker/client/events.py.
+-- task's state. Waiters register (watch.lua, or submit for its own producer): field `w` = '1'
+-- while someone follows the task's events (only then are they published on its channel), 'o'
+-- while someone only waits for its outcome (published on the channel as it ends, _finish.lua),
+-- field `d` while someone blocks on its done list (only then is the outcome pushed there).
+-- Readers parse events in broker/models.py (TaskEvent.from_compact) and feed lines in
+-- broker/client/events.py.
 -- A task keeps only its latest progress events (progress.lua: fields `pk`, `pn`,
 -- `progress_dropped`), so seqs may have gaps: readers take the `e:` fields there are.
 

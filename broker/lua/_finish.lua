@@ -3,9 +3,11 @@
 -- (dead_letter_raw.lua parks entries that are no task at all).
 
 -- A task reached a terminal state (its changes saved): keep the record for the result TTL, and
--- wake the waiters that registered by pushing the outcome (JSON) to its done list, which they
--- block on with BLMOVE done done (that wakes every waiter and leaves the list as it was).
-local function finish(c, key, d, outcome)
+-- wake the waiters that registered with the outcome (JSON): pushed to its done list (`d`), which
+-- they block on with BLMOVE done done (that wakes every waiter and leaves the list as it was);
+-- published on its channel (`w`, '1' or 'o'), so that a waiter needs no read after the wake-up.
+-- `w` and `id`: the record's fields.
+local function finish(c, key, d, outcome, w, id)
   redis.call('PEXPIRE', key, c.ttl)
   if d == '1' then
     local done = key .. DONE_SUFFIX
@@ -13,6 +15,7 @@ local function finish(c, key, d, outcome)
     redis.call('RPUSH', done, outcome)
     redis.call('PEXPIRE', done, math.min(c.ttl, DONE_TTL_MS))
   end
+  if w and id then redis.call('PUBLISH', c.chan .. id, DONE_MESSAGE .. outcome) end
 end
 
 local function succeeded_outcome(body)
@@ -60,5 +63,5 @@ local function fail_task(c, t, dlq_key, reason, err, agent, now)
     'attempts', record['attempt'] or '0', 'last_agent_id', agent or record['agent_id'] or '',
     'dead_at', jint(now), 'record', cjson.encode(record),
     'history', '[' .. table.concat(history, ',') .. ']')
-  finish(c, t._key, t.d, ended_outcome('failed', reason, err))
+  finish(c, t._key, t.d, ended_outcome('failed', reason, err), t.w, t.id)
 end

@@ -32,7 +32,7 @@ local function plain_success(c, r, task_key, f)
     redis.call('HSET', task_key, 'state', 'succeeded', 'result', r.body, 'finished_at', r.now_s,
       'exec_ms', r.exec_ms, 'e:' .. seq1, text, 'seq', seq1)
   end
-  finish(c, task_key, f[8], succeeded_outcome(r.body))
+  finish(c, task_key, f[8], succeeded_outcome(r.body), f[7], f[9])
   return 'ok'
 end
 
@@ -57,7 +57,7 @@ local function other_outcome(c, r, task_key, f, dlq, delayed)
       '{"exec_ms":' .. jint(r.exec_ms) .. '}')
     h[#h + 1] = 'seq'; h[#h + 1] = seq
     redis.call('HSET', task_key, unpack(h))
-    finish(c, task_key, f[8], succeeded_outcome(r.body))
+    finish(c, task_key, f[8], succeeded_outcome(r.body), f[7], f[9])
     return 'ok'
   elseif r.outcome == 'retryable_failure' and attempt < (tonumber(f[5]) or tonumber(r.policy().max_attempts)) then
     h[k + 1] = 'state'; h[k + 2] = 'retrying'; h[k + 3] = 'error'; h[k + 4] = r.body

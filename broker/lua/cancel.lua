@@ -41,6 +41,6 @@ redis.call('ZADD', KEYS[7], now, ARGV[1])
 if (state == 'dispatched' or state == 'running') and agent ~= '' then
   redis.call('PUBLISH', ARGV[6], 'cancel ' .. t.id)
 end
-finish(c, t._key, t.d, ended_outcome('canceled', 'canceled', nil))
+finish(c, t._key, t.d, ended_outcome('canceled', 'canceled', nil), t.w, t.id)
 flush_feed(c)
 return {'canceled', state}

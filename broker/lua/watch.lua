@@ -1,7 +1,8 @@
 -- watch: read what a waiting producer needs of a task and, if it has not ended, register the
--- wait, so that from now on the task's events are published on its channel (flag `w`) or its
--- outcome is pushed to its done list (flag `d`). Registering and reading in one step leaves no
--- gap in which the end could be missed.
+-- wait, so that from now on the task's events are published on its channel (flag `w` = '1'),
+-- or only its outcome is (`w` = 'o', an 'outcome' wait), or its outcome is pushed to its done
+-- list (flag `d`). Registering and reading in one step leaves no gap in which the end could be
+-- missed. An events wait turns an outcome-only `w` into '1', never the other way.
 -- KEYS[1] task hash
 -- ARGV[1] 'outcome' (result waiters) or 'events' (event followers)   ARGV[2] the flag to set,
 -- 'd' or 'w'   ARGV[3] for 'events': return the events after this seq
@@ -13,8 +14,10 @@ local key, flag = KEYS[1], ARGV[2]
 local f = redis.call('HMGET', key, 'state', flag, 'trace', 'seq', 'id', 'progress_dropped')
 local state = f[1]
 if not state then return {false} end
-if not f[2] and state ~= 'succeeded' and state ~= 'failed' and state ~= 'canceled' then
-  redis.call('HSET', key, flag, '1')
+local value = (flag == 'w' and ARGV[1] == 'outcome') and 'o' or '1'
+if (not f[2] or (value == '1' and f[2] ~= '1'))
+    and state ~= 'succeeded' and state ~= 'failed' and state ~= 'canceled' then
+  redis.call('HSET', key, flag, value)
 end
 if ARGV[1] == 'outcome' then
   local o = redis.call('HMGET', key, 'reason', 'error')

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from broker import codec
 from broker.errors import TaskCanceled, TaskFailed
 from broker.ids import split_task_id
-from broker.keys import CapabilityKeys, Channels
+from broker.keys import TASK_DONE_MESSAGE, CapabilityKeys, Channels
 from broker.models import TaskEvent
 from broker.protocol.calls import ScriptCall, Status, feed_args, wake_channel
 from broker.protocol.packed_policy import policy_defaults
@@ -76,24 +76,45 @@ def parse_outcome(task_id: str, fields: Sequence[Any]) -> tuple[bool, Any]:
     return False, None
 
 
-def parse_done(task_id: str, text: str) -> tuple[bool, Any]:
-    """(done, result) from the JSON a terminal script pushed to the task's done list (see
-    lua/_finish.lua); (False, None) when the result was too large to ride there (read the
-    record then)."""
+def done_outcome(text: str) -> tuple[str, Any, str | None, str | None] | None:
+    """(state, result, reason, error) from the JSON a terminal script pushed to the task's done
+    list or published on its channel (see lua/_finish.lua); None when the text is no outcome or
+    a success's result was too large to ride along (read the record then)."""
     try:
         data = codec.loads(text)
     except ValueError:
-        return False, None
+        return None
     if not isinstance(data, dict):
-        return False, None
+        return None
     state = data.get("state")
     if state == "succeeded":
-        if "result" not in data:
-            return False, None
-        return True, data["result"]
+        return (state, data["result"], None, None) if "result" in data else None
     if state in ("failed", "canceled"):
-        return parse_outcome(task_id, (state, None, data.get("reason"), data.get("error")))
-    return False, None
+        return state, None, data.get("reason") or None, data.get("error") or None
+    return None
+
+
+def parse_done(task_id: str, text: str) -> tuple[bool, Any]:
+    """(done, result) from a done JSON (see done_outcome); raises TaskFailed/TaskCanceled for
+    those ends; (False, None) when the record must be read."""
+    outcome = done_outcome(text)
+    if outcome is None:
+        return False, None
+    state, result, reason, error = outcome
+    if state == "succeeded":
+        return True, result
+    return parse_outcome(task_id, (state, None, reason, error))
+
+
+def done_message(message: str) -> str | None:
+    """The outcome JSON a task channel's done message carries; None for any other message."""
+    return message[len(TASK_DONE_MESSAGE):] if message.startswith(TASK_DONE_MESSAGE) else None
+
+
+def message_outcome(message: str) -> tuple[str, Any, str | None, str | None] | None:
+    """done_outcome of a task channel's done message; None for any other message."""
+    text = done_message(message)
+    return None if text is None else done_outcome(text)
 
 
 def parse_events(reply: Sequence[Any]) -> tuple[str | None, int, list[TaskEvent]]:
