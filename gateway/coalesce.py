@@ -6,7 +6,10 @@ submit costs the gateway (issue 25's benchmark, docs/benchmarks.md).
 CoalescingProtocol gives uvicorn a transport that holds what is written during one turn of the
 event loop and writes it at once at the end of that turn (or before a close): the head and the
 body a handler sends together go out as one segment. A streamed response (SSE) loses nothing:
-each chunk goes out in the turn it was written.
+each chunk goes out in the turn it was written. A response's last write goes out as the
+response completes, not at the end of the turn: what the handler, uvicorn and the loop do after
+it (returning, the task's end, the keep-alive timer) would otherwise keep the client waiting.
+(uvloop before 0.23 holds every write to the end of the turn itself.)
 """
 
 from __future__ import annotations
@@ -59,7 +62,14 @@ class CoalescingTransport:
 
 
 class CoalescingProtocol(HttpToolsProtocol):
+    _held: CoalescingTransport
+
     def connection_made(self, transport: Any) -> None:
         # (uvloop's transports are not asyncio.Transport instances, but behave as one)
-        wrapped: Any = CoalescingTransport(transport, asyncio.get_running_loop())
+        self._held = CoalescingTransport(transport, asyncio.get_running_loop())
+        wrapped: Any = self._held
         super().connection_made(wrapped)
+
+    def on_response_complete(self) -> None:
+        self._held.flush()  # (uvicorn calls this right after the response's last write)
+        super().on_response_complete()

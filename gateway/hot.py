@@ -38,6 +38,8 @@ _TASKS, _RESULT = "/v1/tasks/", "/result"
 _WAIT = TypeAdapter(Annotated[float, Field(ge=0, le=MAX_WAIT_S, allow_inf_nan=False)])
 """GET .../result's `wait`, as the FastAPI route declares it."""
 _JSON = (b"content-type", b"application/json")
+_ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+"""The answers' JSON, as Starlette's JSONResponse renders it (one encoder, not one per answer)."""
 
 
 def task_id_of(task_id: str) -> str:
@@ -173,8 +175,7 @@ async def _answer(send: Send, answer: Awaitable[tuple[int, Any]], request: str) 
         error = api_error_of(exc, request)
         status, headers = error.status, error.headers
         value = error_body(error.code, error.message, error.field)
-    # (as Starlette's JSONResponse renders it)
-    body = json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
+    body = _ENCODER.encode(value).encode()
     raw = [(b"content-length", str(len(body)).encode()), _JSON]
     raw += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})

@@ -51,10 +51,15 @@ class TaskOptions(BaseModel):
     at: datetime | None = Field(None, description="queue it at this time (ISO 8601 with a zone)")
 
     def options(self, idempotency_key: str | None = None) -> SubmitOptions:
-        values = self.model_dump(exclude={"capability", "payload", "payloads"})
+        # (the fields the request set; the others keep SubmitOptions' defaults, which are this
+        # model's: model_dump would convert and copy all eighteen for every submit)
+        values = {name: getattr(self, name) for name in self.model_fields_set if name in OPTION_FIELDS}
         if idempotency_key is not None:
             values["idempotency_key"] = idempotency_key
         return SubmitOptions(**values)
+
+
+OPTION_FIELDS = frozenset(TaskOptions.model_fields)
 
 
 class SubmitBody(TaskOptions):

@@ -90,7 +90,7 @@ def serve(settings: Settings, addr: str = DEFAULT_ADDR, *, insecure_no_auth: boo
     url = url_of(sock, "https" if tls else "http")
     config = uvicorn.Config(create_app(settings, mode), log_level=log_level, access_log=access_log,
                             loop=_best("uvloop", "auto"), http=_http_protocol(),
-                            lifespan="on", timeout_graceful_shutdown=5, **tls)
+                            lifespan="on", timeout_graceful_shutdown=5, server_header=False, **tls)
     server = uvicorn.Server(config)
     if mode is AuthMode.OFF:
         log.warning("serving with no authentication (--insecure-no-auth)")

@@ -96,6 +96,7 @@ def test_submit_wait_and_read_a_task(stack: Stack) -> None:
     done = stack.result(task_id)
     assert done.status_code == 200
     assert done.json() == {"task_id": task_id, "state": "succeeded", "result": {"x": 1}}
+    assert "server" not in done.headers  # (the gateway does not advertise its server software)
     status = stack.http.get(f"/v1/tasks/{task_id}").json()
     assert list(status) == ["task_id", "capability", "state", "priority", "attempt", "agent_id",
                             "created_at", "finished_at", "reason", "error",

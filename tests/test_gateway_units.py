@@ -14,8 +14,10 @@ from agent_worker.http_bridge.outcome import AgentFailed, interpret, retry_after
 from agent_worker.http_bridge.readiness import Probe
 from broker.errors import ConfigError
 from broker.protocol.callbacks import new_token, parse_token, token_sha256
+from broker.protocol.submit import SubmitOptions
 from gateway.addresses import is_loopback, parse_addr
 from gateway.apikeys import KeyRecord, Role, key_sha256, parse_role
+from gateway.models import SubmitBody, TaskOptions
 
 
 def _raised(status: int, body: bytes, headers: dict[str, str] | None = None) -> BaseException:
@@ -116,3 +118,14 @@ def test_key_hashes_are_sha256() -> None:
     record: Any = KeyRecord.from_json('{"id": "ab", "name": "n", "role": "reader", "created_at": "t"}')
     assert record.role is Role.READER
     assert len(key_sha256("rk_x")) == 64
+
+
+def test_the_api_options_are_the_library_options() -> None:
+    defaults = SubmitOptions()
+    for name, field in TaskOptions.model_fields.items():
+        assert field.default == getattr(defaults, name), name
+    assert TaskOptions().options() == defaults
+    body = SubmitBody.model_validate({"capability": "c", "payload": 1, "priority": 7, "metadata": {"m": 1},
+                                      "region": "eu", "region_strict": False})
+    assert body.options("k") == SubmitOptions(priority=7, metadata={"m": 1}, region="eu",
+                                              region_strict=False, idempotency_key="k")
