@@ -58,10 +58,15 @@ class Workload:
         return share * self.seconds
 
     def durations(self) -> list[float]:
-        """Each task's duration in ms (rounded to 0.1 ms), the same for every system."""
+        """Each task's duration in whole ms (at least 1), the same for every system.
+
+        Whole, because the agents' timers differ on fractions: Node's setTimeout truncates the
+        delay (a BullMQ agent slept 0.21 ms less than asked, on average) while uvloop rounds it
+        up (a Reach agent 0.24 ms more), a 0.45 ms head start per task for one system; on whole
+        ms both overshoot alike (0.36 and 0.24 ms, see docs/fleet-benchmark.md)."""
         rng = random.Random(self.seed)
         mu = math.log(self.median_ms)
-        return [round(rng.lognormvariate(mu, self.sigma), 1) for _ in range(self.n)]
+        return [float(max(1, round(rng.lognormvariate(mu, self.sigma)))) for _ in range(self.n)]
 
     def describe(self) -> dict[str, Any]:
         return {**asdict(self), "sigma": round(self.sigma, 4), "mean_ms": round(self.mean_ms, 1),
