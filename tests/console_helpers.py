@@ -102,7 +102,7 @@ def launch_chromium() -> Any:
         if os.environ.get("CI"):  # (.ci/run installs it: a skip there would hide the console)
             pytest.fail(f"no Chromium at {CHROMIUM}")
         pytest.skip(f"no Chromium at {CHROMIUM} (apt-get install chromium)")
-    sync_api = pytest.importorskip("playwright.sync_api")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed")
     playwright = sync_api.sync_playwright().start()
     browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
     return playwright, browser

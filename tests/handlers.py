@@ -67,10 +67,12 @@ def record_sync(ctx: TaskContext, payload: Any) -> Any:
 
 
 async def sleepy(ctx: TaskContext, payload: Any) -> Any:
-    """Sleeps payload["s"] seconds (async), counting the run first."""
+    """Sleeps payload["s"] seconds (async), counting the run first; a later attempt sleeps
+    payload["then_s"] if given (a test that needs the first attempt long, not the rest)."""
     count_run(str(payload.get("n", ctx.task_id)))
-    await asyncio.sleep(float(payload.get("s", 1.0)))
-    return {"slept": payload.get("s", 1.0), "attempt": ctx.attempt}
+    seconds = payload.get("s", 1.0) if ctx.attempt == 1 else payload.get("then_s", payload.get("s", 1.0))
+    await asyncio.sleep(float(seconds))
+    return {"slept": seconds, "attempt": ctx.attempt}
 
 
 def sleepy_sync(ctx: TaskContext, payload: Any) -> Any:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("a2a")
+pytest.importorskip("a2a", reason="the a2a extra is not installed")
 
 from broker import ReachClient, TaskFailed
 from broker.ops.catalog import capability_rows

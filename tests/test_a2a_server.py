@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-pytest.importorskip("a2a")
+pytest.importorskip("a2a", reason="the a2a extra is not installed")
 
 from a2a.client import A2AClientError, Client, ClientCallContext, ClientConfig, create_client
 from a2a.types import (

@@ -63,7 +63,9 @@ def test_sigstop_goes_suspect_then_offline_and_sigcont_brings_it_back_recorded_o
 
     def reaches(target: AgentState) -> Callable[[], bool]:
         def check() -> bool:
-            state = agent_state_of(settings, w.agent_id or "")
+            # (on the test's open client: the suspect state lasts 1.5 s, and polls must not
+            # step over it)
+            state = agent_state_of(settings, w.agent_id or "", r)
             if not seen or seen[-1] is not state:
                 seen.append(state)
             return state is target

@@ -9,12 +9,16 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
 from broker import ReachClient, Settings
 from tests.conftest import ROOT, Fleet, settings_env, wait_until
+
+# (The CLI's parsing, output and exit codes are the same on every Redis.)
+pytestmark = pytest.mark.one_redis
 
 UNKNOWN = "echo:01KZZZZZZZZZZZZZZZZZZZZZZZ"
 
@@ -34,16 +38,20 @@ def test_usage_errors_exit_2_with_one_line(settings: Settings) -> None:
         (["cancel", "x:y"], "invalid task id"),
         (["dispatcher", "--capability", "Summarize"], "invalid capability name"),
     ]
-    for args, message in cases:
-        done = reach(settings, *args)
-        assert done.returncode == 2, (args, done.stderr)
-        lines = done.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], (args, done.stderr)
-    assert reach(settings, "submit").returncode == 2
-    assert reach(settings, "--no-such-flag").returncode == 2
+    # (The commands are independent: all nine run at once, each checked as it was.)
+    with ThreadPoolExecutor(len(cases) + 2) as pool:
+        runs = [pool.submit(reach, settings, *args) for args, _ in cases]
+        bare = pool.submit(reach, settings, "submit")
+        unknown = pool.submit(reach, settings, "--no-such-flag")
+        for (args, message), run in zip(cases, runs, strict=True):
+            done = run.result()
+            assert done.returncode == 2, (args, done.stderr)
+            lines = done.stderr.strip().splitlines()
+            assert len(lines) == 1 and message in lines[0], (args, done.stderr)
+        assert bare.result().returncode == 2
+        assert unknown.result().returncode == 2
 
 
-@pytest.mark.one_redis
 def test_worker_and_dispatcher_run_on_the_event_loop_chosen(settings: Settings, fleet: Fleet) -> None:
     # uvloop where it is installed (the default), asyncio's own loop when REACH_EVENT_LOOP says
     # so: tasks go through either way, and the start line says which loop it is.

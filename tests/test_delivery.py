@@ -31,8 +31,7 @@ def test_thousand_tasks_two_workers_each_runs_exactly_once(
     client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
     fleet.dispatcher()
-    fleet.worker("work", handler="tests.handlers:record", concurrency=8)
-    fleet.worker("work", handler="tests.handlers:record", concurrency=8)
+    fleet.workers(2, "work", handler="tests.handlers:record", concurrency=8)
     handles = client.submit_many("work", [{"n": i} for i in range(1000)])
     results = [h.result(timeout=60) for h in handles]
     assert results == [{"n": i} for i in range(1000)]

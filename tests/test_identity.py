@@ -116,12 +116,15 @@ def test_the_join_secret_is_required_and_rotates_without_restarting_agents(
     assert '"set": true' in status.stdout
     fleet.dispatcher(settings=settings)
 
+    # (The three start together: each one's fate is its own.)
     without = fleet.worker("idj", handler=SLEEPY, settings=settings, wait=False)
-    assert "this fleet requires a join secret" in exits_refused(without)
     wrong = fleet.worker("idj", handler=SLEEPY, settings=settings, wait=False,
                          env={"REACH_JOIN_SECRET": "not-the-fleet-secret-at-all"})
+    member = fleet.worker("idj", handler=SLEEPY, settings=settings, wait=False,
+                          env={"REACH_JOIN_SECRET": old})
+    assert "this fleet requires a join secret" in exits_refused(without)
     assert "is not this fleet's" in exits_refused(wrong)
-    member = fleet.worker("idj", handler=SLEEPY, settings=settings, env={"REACH_JOIN_SECRET": old})
+    fleet.wait_healthy(member.agent_id or "", settings, member)
 
     # Rotate (the new secret from stdin). The member keeps working, well past its token's life.
     rotated = reach(settings, "agents", "secret", "set", stdin=new + "\n")
@@ -135,8 +138,10 @@ def test_the_join_secret_is_required_and_rotates_without_restarting_agents(
     alive(member)
     stale = fleet.worker("idj", handler=SLEEPY, settings=settings, wait=False,
                          env={"REACH_JOIN_SECRET": old})
+    fresh = fleet.worker("idj", handler=SLEEPY, settings=settings, wait=False,
+                         env={"REACH_JOIN_SECRET": new})
     assert "is not this fleet's" in exits_refused(stale)
-    fleet.worker("idj", handler=SLEEPY, settings=settings, env={"REACH_JOIN_SECRET": new})
+    fleet.wait_healthy(fresh.agent_id or "", settings, fresh)
     assert registered_events(r, prefix, member.agent_id or "") == [""], "never registered again"
 
     # Neither secret is in Redis or in any process's log.
@@ -198,8 +203,9 @@ def test_a_revoked_agent_stops_and_its_running_tasks_finish_on_another_at_once(
     fleet.dispatcher(settings=settings)
     doomed = fleet.worker("idr", handler=SLEEPY, concurrency=4, settings=settings)
     with ReachClient(settings) as client:
-        # (10 s: they are still running when the second agent is up and the revoke comes)
-        handles = [client.submit("idr", {"n": i, "s": 10}) for i in range(4)]
+        # (10 s: they are still running when the second agent is up and the revoke comes; their
+        # second attempts are short)
+        handles = [client.submit("idr", {"n": i, "s": 10, "then_s": 0.2}) for i in range(4)]
         wait_until(lambda: all(h.status().state == "running" for h in handles),
                    message="every task running on the doomed agent")
         assert {h.status().agent_id for h in handles} == {doomed.agent_id}
@@ -215,7 +221,7 @@ def test_a_revoked_agent_stops_and_its_running_tasks_finish_on_another_at_once(
         assert "was revoked by an operator" in output
         results = [h.result(timeout=60) for h in handles]
         assert time.monotonic() - revoked_at < 60
-    assert results == [{"slept": 10, "attempt": 2}] * 4
+    assert results == [{"slept": 0.2, "attempt": 2}] * 4
     for handle in handles:
         status = handle.status()
         assert status.agent_id == other.agent_id and status.state == "succeeded"

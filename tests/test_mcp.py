@@ -14,7 +14,7 @@ from typing import Any
 import anyio
 import pytest
 
-pytest.importorskip("mcp")
+pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 import httpx2
 import mcp_types as types
@@ -139,18 +139,18 @@ async def _next_change(changes: Any, client: Client, done: Any) -> None:
 
 
 async def test_a_client_of_the_handshake_era_gets_tools_list_changed(stack: Stack) -> None:
-    seen: list[Any] = []
+    changed = anyio.Event()
 
     async def handle(message: Any) -> None:
-        seen.append(message)
+        if isinstance(message, types.ToolListChangedNotification):
+            changed.set()
 
     async with Client(stdio(stack), mode="legacy", message_handler=handle) as client:
         assert client.server_capabilities.tools is not None and client.server_capabilities.tools.list_changed
         await client.list_tools()
         worker = stack.fleet.worker(f"legacy={HANDLER}")
         with anyio.fail_after(20):
-            while not any(isinstance(m, types.ToolListChangedNotification) for m in seen):
-                await anyio.sleep(0.05)
+            await changed.wait()
         assert "legacy" in {t.name for t in (await client.list_tools()).tools}
         worker.signal(signal.SIGTERM)
 

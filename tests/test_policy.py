@@ -97,13 +97,15 @@ def test_a_rate_of_5_per_second_starts_50_in_10_seconds_with_two_dispatchers(
     client.set_policy(cap, rate=5.0)
     for _ in range(2):
         fleet.dispatcher()
-    for _ in range(2):
-        fleet.worker(cap, handler="tests.handlers:record", concurrency=8)
+    fleet.workers(2, cap, handler="tests.handlers:record", concurrency=8)
     handles: list[Any] = []
+    window_over = threading.Event()
 
     def produce() -> None:  # (a steady trickle: grants are in play while the queue is empty)
         with ReachClient(settings) as producer:
-            for i in range(150):
+            for i in range(150):  # (12.5 a second, well above the rate, until the window ends)
+                if window_over.is_set():
+                    break
                 handles.append(producer.submit(cap, {"n": i}))
                 time.sleep(0.08)
 
@@ -113,9 +115,10 @@ def test_a_rate_of_5_per_second_starts_50_in_10_seconds_with_two_dispatchers(
                message="the first start")
     first = started_at(r, prefix, handles[0].task_id)
     wait_until(lambda: server_ms(r, cap, prefix) >= first + 10_500, timeout=30, message="10 s")
+    window_over.set()
+    thread.join()
     starts = [started_at(r, prefix, h.task_id) for h in list(handles)]
     in_window = sum(1 for s in starts if first <= s < first + 10_000)
-    thread.join()
     client.cancel_many(cap)
     assert 40 <= in_window <= 60, f"{in_window} starts in 10 s at 5/s"
     assert int(r.hget(CapabilityKeys(prefix, cap).stats, "direct") or 0) > 0, "no grant was used"
@@ -127,9 +130,8 @@ def test_max_running_2_never_lets_a_third_task_run(
     cap = "capped"
     client.set_policy(cap, max_running=2)
     fleet.dispatcher()
-    for _ in range(2):
-        fleet.worker(cap, handler="tests.handlers:concurrency_probe", concurrency=4,
-                     env={"REACH_TEST_AGENT": "fleet"})
+    fleet.workers(2, cap, handler="tests.handlers:concurrency_probe", concurrency=4,
+                  env={"REACH_TEST_AGENT": "fleet"})
     handles = client.submit_many(cap, [{"n": i, "s": 0.15} for i in range(12)])
     assert [h.result(timeout=60)["n"] for h in handles] == list(range(12))
     assert r.hget(f"{prefix}:test:max", "fleet") == "2"

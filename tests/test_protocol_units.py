@@ -13,7 +13,7 @@ from broker.ops.catalog import CapabilityRow
 
 # -- A2A ------------------------------------------------------------------------------------
 
-a2a = pytest.importorskip("a2a")
+a2a = pytest.importorskip("a2a", reason="the a2a extra is not installed")
 
 from a2a.types import Message, Part, Role, TaskState  # noqa: E402
 from a2a.utils.errors import ContentTypeNotSupportedError, InvalidParamsError  # noqa: E402
@@ -80,7 +80,7 @@ def test_list_cursors_are_only_those_the_gateway_made() -> None:
 
 # -- MCP ------------------------------------------------------------------------------------
 
-mcp = pytest.importorskip("mcp")
+mcp = pytest.importorskip("mcp", reason="the mcp extra is not installed")
 
 from gateway.mcp import tools  # noqa: E402
 from gateway.mcp.progress import ProgressReport  # noqa: E402

@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -322,8 +323,10 @@ def test_clock_skew_on_the_worker_host_changes_nothing(
 def test_reach_agents_and_queues_json_list_every_agent_and_queue_depth(
     make_settings: MakeSettings, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
-    # A retry that waits a minute in `delayed`.
-    settings = make_settings(backoff_base_ms=60_000, backoff_max_ms=60_000, backoff_jitter_ms=0)
+    # A retry that waits a minute in `delayed`; a killed agent offline after 1.5 s (not 3 s:
+    # still over seven missed heartbeats).
+    settings = make_settings(backoff_base_ms=60_000, backoff_max_ms=60_000, backoff_jitter_ms=0,
+                             suspect_after_ms=1000, offline_after_ms=1500)
     busy = fleet.worker("lst", handler="tests.handlers:sleepy", concurrency=1, settings=settings,
                         wait=False, extra_args=["--region", "eu-1", "--version", "2.3.0"])
     gone = fleet.worker("rty", handler="tests.handlers:always_retryable", concurrency=1,
@@ -344,7 +347,12 @@ def test_reach_agents_and_queues_json_list_every_agent_and_queue_depth(
     wait_until(lambda: agent_state_of(settings, gone.agent_id or "") is AgentState.OFFLINE,
                timeout=10, message="the killed agent offline")
 
-    agents = reach_json(settings, "agents")
+    # (The three commands only read: they run at once, and are checked as before.)
+    with ThreadPoolExecutor(3) as pool:
+        listed = pool.submit(reach_json, settings, "agents")
+        listed_rty = pool.submit(reach_json, settings, "agents", "--capability", "rty")
+        listed_queues = pool.submit(reach_json, settings, "queues")
+        agents, only, queues = listed.result(), listed_rty.result(), listed_queues.result()
     assert isinstance(agents, list) and len(agents) == 2
     for row in agents:
         assert set(AGENT_FIELDS) <= set(row), row
@@ -358,10 +366,8 @@ def test_reach_agents_and_queues_json_list_every_agent_and_queue_depth(
     assert (g["state"], g["capabilities"], g["region"], g["version"]) == ("offline", ["rty"], None, None)
     assert (g["inflight"], g["max_concurrency"], g["backlog"]) == (0, 1, 0)
     assert g["last_heartbeat_age_s"] >= settings.offline_after_ms / 1000
-    only = reach_json(settings, "agents", "--capability", "rty")
     assert [row["agent_id"] for row in only] == [gone.agent_id]
 
-    queues = reach_json(settings, "queues")
     for row in queues:
         assert set(QUEUE_FIELDS) <= set(row), row
     by_cap = {row["capability"]: row for row in queues}

@@ -23,6 +23,7 @@ from broker.protocol.delivery import AgentBatch, dispatch_call
 from broker.scripts import Scripts
 from tests.conftest import Fleet, sync_redis, wait_until
 from tests.handlers import runs
+from tests.registry_reads import state_changes
 
 
 def events_of(client: ReachClient, task_id: str) -> list[TaskEvent]:
@@ -56,62 +57,72 @@ def terminal_count(types: list[str]) -> int:
 # -- crashes and leases ----------------------------------------------------------------------
 
 
-def test_sigkill_mid_task_another_worker_finishes_it_once(client: ReachClient, fleet: Fleet,
+def test_sigkill_mid_task_another_worker_finishes_it_once(make_settings: Any, fleet: Fleet,
                                                           r: redis.Redis, prefix: str) -> None:
-    fleet.dispatcher()
-    first = fleet.worker("crash", handler="tests.handlers:sleepy")
-    handle = client.submit("crash", {"n": "t", "s": 2})
-    wait_until(lambda: runs(r, prefix) == {"t": 1}, message="the handler started")
-    assert client.status(handle.task_id).agent_id == first.agent_id
-    first.kill()
-    second = fleet.worker("crash", handler="tests.handlers:sleepy")
-    assert handle.result(timeout=60) == {"slept": 2, "attempt": 2}
-    status = client.status(handle.task_id)
-    assert status.agent_id == second.agent_id and status.attempt == 2
-    types = types_of(client, handle.task_id)
-    assert "reclaimed" in types and terminal_count(types) == 1
-    assert types.count("succeeded") == 1
-    assert runs(r, prefix) == {"t": 2}  # ran twice (the first was cut short), took effect once
+    # (The killed attempt is taken back when its lease lapses: half the usual lease, still
+    # renewed three times a lease by the worker that finishes it.)
+    settings = make_settings(lease_ms=1500)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        first = fleet.worker("crash", handler="tests.handlers:sleepy", settings=settings)
+        handle = client.submit("crash", {"n": "t", "s": 2})
+        wait_until(lambda: runs(r, prefix) == {"t": 1}, message="the handler started")
+        assert client.status(handle.task_id).agent_id == first.agent_id
+        first.kill()
+        second = fleet.worker("crash", handler="tests.handlers:sleepy", settings=settings)
+        assert handle.result(timeout=60) == {"slept": 2, "attempt": 2}
+        status = client.status(handle.task_id)
+        assert status.agent_id == second.agent_id and status.attempt == 2
+        types = types_of(client, handle.task_id)
+        assert "reclaimed" in types and terminal_count(types) == 1
+        assert types.count("succeeded") == 1
+        assert runs(r, prefix) == {"t": 2}  # ran twice (the first was cut short), took effect once
 
 
 def test_a_task_that_kills_its_worker_at_once_still_uses_up_its_attempts(
-    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+    make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
     # Workers start what they read at once and record the start a moment later: a worker that
     # dies in between must still have used an attempt, or such a task would go round forever.
-    fleet.dispatcher()
-    workers = [fleet.worker("poison", handler="tests.handlers:dies") for _ in range(3)]
-    handle = client.submit("poison", {"n": "p"})
-    with pytest.raises(TaskFailed) as failed:
-        handle.result(timeout=90)
-    assert failed.value.reason == "retries_exhausted"
-    assert runs(r, prefix) == {"p": 3}
-    assert [w.wait(10) for w in workers] == [3, 3, 3]
-    types = [e.type for e in all_events(client, handle.task_id)]
-    assert types.count("accepted") == 3 and types.count("reclaimed") == 3
+    # (Each attempt ends when its lease lapses: a short lease, so the three take seconds.)
+    settings = make_settings(lease_ms=1000)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        # (started together, all three up before the task goes)
+        workers = fleet.workers(3, "poison", handler="tests.handlers:dies", settings=settings)
+        handle = client.submit("poison", {"n": "p"})
+        with pytest.raises(TaskFailed) as failed:
+            handle.result(timeout=90)
+        assert failed.value.reason == "retries_exhausted"
+        assert runs(r, prefix) == {"p": 3}
+        assert [w.wait(10) for w in workers] == [3, 3, 3]
+        types = [e.type for e in all_events(client, handle.task_id)]
+        assert types.count("accepted") == 3 and types.count("reclaimed") == 3
 
 
 def test_sigstop_beyond_the_lease_then_sigcont_late_result_rejected(
-    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+    make_settings: Any, fleet: Fleet, r: redis.Redis, prefix: str
 ) -> None:
-    fleet.dispatcher()
-    frozen = fleet.worker("freeze", handler="tests.handlers:sleepy_sync")
-    handle = client.submit("freeze", {"n": "t", "s": 1.5})
-    wait_state(client, handle.task_id, "running")
-    frozen.signal(signal.SIGSTOP)
-    try:
-        rescuer = fleet.worker("freeze", handler="tests.handlers:sleepy_sync")
-        assert handle.result(timeout=60) == {"slept": 1.5}
-        assert client.status(handle.task_id).agent_id == rescuer.agent_id
-    finally:
-        frozen.signal(signal.SIGCONT)
-    # The thawed worker finishes its (superseded) attempt and reports it: refused and recorded.
-    late = wait_until(lambda: [e for e in all_events(client, handle.task_id)
-                               if e.type == "late_result_rejected"], timeout=30,
-                      message="late_result_rejected")
-    assert late[0].agent_id == frozen.agent_id
-    assert [e.type for e in all_events(client, handle.task_id)].count("succeeded") == 1
-    assert client.result(handle.task_id, timeout=1) == {"slept": 1.5}
+    settings = make_settings(lease_ms=1500)  # (half the usual lease: the freeze outlasts it sooner)
+    with ReachClient(settings) as client:
+        fleet.dispatcher(settings=settings)
+        frozen = fleet.worker("freeze", handler="tests.handlers:sleepy_sync", settings=settings)
+        handle = client.submit("freeze", {"n": "t", "s": 1.5})
+        wait_state(client, handle.task_id, "running")
+        frozen.signal(signal.SIGSTOP)
+        try:
+            rescuer = fleet.worker("freeze", handler="tests.handlers:sleepy_sync", settings=settings)
+            assert handle.result(timeout=60) == {"slept": 1.5}
+            assert client.status(handle.task_id).agent_id == rescuer.agent_id
+        finally:
+            frozen.signal(signal.SIGCONT)
+        # The thawed worker finishes its (superseded) attempt and reports it: refused and recorded.
+        late = wait_until(lambda: [e for e in all_events(client, handle.task_id)
+                                   if e.type == "late_result_rejected"], timeout=30,
+                          message="late_result_rejected")
+        assert late[0].agent_id == frozen.agent_id
+        assert [e.type for e in all_events(client, handle.task_id)].count("succeeded") == 1
+        assert client.result(handle.task_id, timeout=1) == {"slept": 1.5}
 
 
 def test_long_task_keeps_its_lease_through_many_renewals(make_settings: Any, fleet: Fleet) -> None:
@@ -216,8 +227,18 @@ def test_retry_avoids_the_agent_that_just_failed(make_settings: Any, fleet: Flee
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
         # Room to spare on both agents, so "another agent is available" always holds.
-        a = fleet.worker("avoid", handler="tests.handlers:flaky", settings=settings, concurrency=16)
-        b = fleet.worker("avoid", handler="tests.handlers:flaky", settings=settings, concurrency=16)
+        a, b = fleet.workers(2, "avoid", handler="tests.handlers:flaky", settings=settings,
+                             concurrency=16)
+        # Healthy in the registry is not yet known to the dispatcher: wait for it to have
+        # judged both, or every retry can come before it has a second agent to pick.
+        r = sync_redis(settings.redis_url)
+        try:
+            def both_seen() -> bool:
+                return all("new -> healthy" in state_changes(r, settings.prefix, w.agent_id or "")
+                           for w in (a, b))
+            wait_until(both_seen, message="the dispatcher seeing both agents")
+        finally:
+            r.close()
         handles = client.submit_many("avoid", [{"n": i, "succeed_on": 2} for i in range(20)])
         for h in handles:
             h.result(timeout=60)
@@ -291,8 +312,11 @@ def test_a_worker_whose_every_slot_is_held_by_handlers_that_never_stop_hands_bac
         with pytest.raises(TaskFailed) as failed:
             handle.result(timeout=30)
         assert "execution timeout" in (failed.value.error or "")
+    # (Handed back once: as the worker drains, or just before, by the dispatcher, as unread
+    # in an agent that had reported its slots' tasks done and read nothing: dispatcher/stalls.py.)
     handed_back = [e for e in all_events(client, waiting.task_id) if e.type == "reclaimed"]
-    assert [e.data.get("reason") for e in handed_back] == ["agent draining"]
+    assert len(handed_back) == 1
+    assert handed_back[0].data.get("reason") in ("agent draining", "agent not reading")
     fleet.worker("stuck", handler=f"tests.handlers:{handler}")
     assert waiting.result(timeout=60) == {"n": "waiting"}
 
@@ -470,8 +494,7 @@ def test_two_dispatchers_deliver_each_task_once(client: ReachClient, fleet: Flee
                                                 prefix: str) -> None:
     fleet.dispatcher()
     fleet.dispatcher()
-    fleet.worker("two", handler="tests.handlers:record", concurrency=8)
-    fleet.worker("two", handler="tests.handlers:record", concurrency=8)
+    fleet.workers(2, "two", handler="tests.handlers:record", concurrency=8)
     handles = client.submit_many("two", [{"n": i} for i in range(1000)])
     _all_done_once(client, r, prefix, handles)
 
@@ -489,8 +512,7 @@ def test_redis_restart_with_aof_mid_run_loses_nothing(tmp_path: Any) -> None:
     fleet = Fleet(settings, Path(str(tmp_path)))
     try:
         fleet.dispatcher()
-        fleet.worker("aof", handler="tests.handlers:concurrency_probe", concurrency=8)
-        fleet.worker("aof", handler="tests.handlers:concurrency_probe", concurrency=8)
+        fleet.workers(2, "aof", handler="tests.handlers:concurrency_probe", concurrency=8)
         with ReachClient(settings) as client:
             handles = client.submit_many("aof", [{"n": i, "s": 0.02} for i in range(400)])
             r = redis.Redis.from_url(server.url, decode_responses=True)
@@ -577,8 +599,8 @@ def test_killing_random_workers_while_5000_tasks_flow(request: pytest.FixtureReq
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
         fleet.dispatcher(settings=settings)
-        workers = [fleet.worker("chaos", handler="tests.handlers:concurrency_probe", concurrency=8,
-                                settings=settings) for _ in range(3)]
+        workers = fleet.workers(3, "chaos", handler="tests.handlers:concurrency_probe", concurrency=8,
+                                settings=settings)
         handles = client.submit_many("chaos", [{"n": i, "s": 0.01} for i in range(5000)])
         done = 0
         kills = 0
@@ -634,8 +656,8 @@ def test_killing_random_workers_while_tasks_go_straight_from_submit_to_agents(
     ck = CapabilityKeys(prefix, "straight")
     with ReachClient(settings) as client:
         fleet.dispatcher(settings=settings)
-        workers = [fleet.worker("straight", handler="tests.handlers:sleepy", concurrency=8,
-                                settings=settings) for _ in range(3)]
+        workers = fleet.workers(3, "straight", handler="tests.handlers:sleepy", concurrency=8,
+                                settings=settings)
         assert client.run("straight", {"n": "warm", "s": 0}, timeout=30)["attempt"] == 1
         wait_until(lambda: r.llen(ck.grants) > 0, message="the dispatcher's grants")
         handles = []

@@ -4,6 +4,7 @@ index submit writes, where each state is found, paging by cursor, the read budge
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 from dataclasses import replace
@@ -64,7 +65,7 @@ def test_newest_first_across_capabilities_and_pages(client: ReachClient, setting
 
 def test_each_state_is_found_where_it_lives(fleet: Fleet, client: ReachClient, settings: Settings,
                                             r: Any) -> None:
-    fleet.dispatcher()
+    dispatcher = fleet.dispatcher()
     worker = fleet.worker("srchw", handler="tests.gateway_handlers:work", concurrency=2)
     ok = [client.submit("srchw", {"n": i}, trace_id=TRACE_OK).task_id for i in range(5)]
     bad = client.submit("srchw", {"invalid": "no"}, trace_id=TRACE_BAD).task_id
@@ -94,10 +95,16 @@ def test_each_state_is_found_where_it_lives(fleet: Fleet, client: ReachClient, s
     row = search_tasks(r, settings, TaskQuery(state=TaskState.FAILED)).as_dict()["tasks"][0]
     assert (row["task_id"], row["reason"], row["trace_id"]) == (bad, "invalid_request", TRACE_BAD)
 
-    # A replayed dead letter leaves the failed ones and comes first again.
-    with DeadLetters(settings) as dlq:
-        dlq.replay(dlq.select([bad]))
-    assert find(state=TaskState.FAILED) == []
+    # A replayed dead letter leaves the failed ones and comes first again. The dispatcher is
+    # stopped meanwhile, or the replay could run and fail again before the first look.
+    dispatcher.signal(signal.SIGSTOP)
+    try:
+        with DeadLetters(settings) as dlq:
+            dlq.replay(dlq.select([bad]))
+        assert find(state=TaskState.FAILED) == []
+        assert bad in find(state=TaskState.QUEUED)
+    finally:
+        dispatcher.signal(signal.SIGCONT)
     wait_until(lambda: client.status(bad).state is TaskState.FAILED, message="the replay failing again")
     assert find(state=TaskState.FAILED) == [bad]
     assert find(capability="srchw", limit=1) == [bad]

@@ -230,7 +230,7 @@ with ReachClient() as client, trace.use_span(NonRecordingSpan(parent)):
 def test_without_a_tracer_provider_a_task_joins_the_current_spans_trace(
     settings: Settings, r: Any, prefix: str,
 ) -> None:
-    pytest.importorskip("opentelemetry.trace")
+    pytest.importorskip("opentelemetry.trace", reason="the otel extra is not installed")
     done = subprocess.run([sys.executable, "-c", PRODUCER_IN_A_SPAN, TRACE], env=settings_env(settings),
                           cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("opentelemetry.sdk.trace")
+pytest.importorskip("opentelemetry.sdk.trace", reason="the otel extra is not installed")
 
 from opentelemetry import trace
 
