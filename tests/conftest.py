@@ -19,6 +19,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -36,6 +37,15 @@ from broker.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_REDIS = "redis://127.0.0.1:6379/0"
+
+# The suite starts a thousand or so worker, dispatcher and CLI processes. Where
+# PYTHONDONTWRITEBYTECODE is set, each one would compile the project's modules from source
+# again (a tenth of its start-up CPU): they keep their bytecode in a cache outside the tree
+# instead, which leaves the checkout as clean as that setting meant to.
+if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    del os.environ["PYTHONDONTWRITEBYTECODE"]
+    os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) /
+                                            f"agent-reach-pycache-{os.getuid()}")
 
 # Short timings so that heartbeats, suspicion and leases play out in a second or two.
 FAST = {
@@ -77,6 +87,11 @@ def _targets() -> list[str]:
 CLUSTER_SUITES = {"test_delivery", "test_registry", "test_agent_lifecycle", "test_reliability",
                   "test_dlq", "test_handoff", "test_policy_scripts"}
 
+# Suites of the dispatcher's and workers' judgement of agents (heartbeats, states, tokens): the
+# same on Redis 6.2 and 7, so they skip the machine's Redis 7 (its commands are exercised by the
+# script suites and test_reliability there) and keep the embedded one and the cluster.
+EMBEDDED_NOT_SYSTEM = {"test_agent_lifecycle", "test_registry"}
+
 _embedded: EmbeddedRedis | None = None
 _cluster: Any = None
 
@@ -91,6 +106,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         metafunc.parametrize("redis_url", targets[:1], indirect=True, scope="session")
         return
     module = metafunc.module.__name__.rsplit(".", 1)[-1]
+    if module in EMBEDDED_NOT_SYSTEM:
+        targets = [t for t in targets if t != "system"]
     if ("env" not in targets and module in CLUSTER_SUITES
             and os.environ.get("REACH_TEST_CLUSTER", "auto") != "off"):
         targets.append("cluster")
@@ -351,9 +368,9 @@ def fleet(settings: Settings, tmp_path: Path, request: pytest.FixtureRequest) ->
 
 
 # The suites of the longest tests (5 to 25 s each: process chaos, leases, health states), run
-# first. `-n 2` hands tests out in order, ever smaller chunks as the run nears its end: with
-# the long ones first, the run ends on short tests and neither worker idles long waiting for
-# the other (alphabetical order left test_scale's 26 s tests near the end: a simulation of
+# first. xdist (`-n`) hands tests out in order, ever smaller chunks as the run nears its end:
+# with the long ones first, the run ends on short tests and no worker idles long waiting for
+# the others (alphabetical order left test_scale's 26 s tests near the end: a simulation of
 # xdist's load scheduling on measured durations gave worker ends of 819 s and 751 s, and
 # 782 s and 787 s in this order).
 SLOW_SUITES_FIRST = ["test_scale", "test_identity", "test_reliability", "test_agent_lifecycle",
