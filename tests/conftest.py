@@ -19,7 +19,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -40,12 +39,13 @@ SYSTEM_REDIS = "redis://127.0.0.1:6379/0"
 
 # The suite starts a thousand or so worker, dispatcher and CLI processes. Where
 # PYTHONDONTWRITEBYTECODE is set, each one would compile the project's modules from source
-# again (a tenth of its start-up CPU): they keep their bytecode in a cache outside the tree
-# instead, which leaves the checkout as clean as that setting meant to.
+# again (a tenth of its start-up CPU): they keep their bytecode in the user's cache directory
+# instead (not a shared temp dir, where another user could plant bytecode), which leaves the
+# checkout as clean as that setting meant to.
 if os.environ.get("PYTHONDONTWRITEBYTECODE") and not os.environ.get("PYTHONPYCACHEPREFIX"):
     del os.environ["PYTHONDONTWRITEBYTECODE"]
-    os.environ["PYTHONPYCACHEPREFIX"] = str(Path(tempfile.gettempdir()) /
-                                            f"agent-reach-pycache-{os.getuid()}")
+    _cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    os.environ["PYTHONPYCACHEPREFIX"] = str(_cache / "agent-reach" / "pycache")
 
 # Short timings so that heartbeats, suspicion and leases play out in a second or two.
 FAST = {
