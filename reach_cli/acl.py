@@ -1,7 +1,5 @@
 """`reach acl`: the Redis ACL user a role needs (broker/acl.py holds the roles)."""
 
-from __future__ import annotations
-
 import secrets
 from typing import Annotated
 

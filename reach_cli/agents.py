@@ -1,8 +1,6 @@
 """`reach agents`: list the fleet's agents; `revoke` one; `secret set|clear|status` for the
 fleet's join secret."""
 
-from __future__ import annotations
-
 import asyncio
 import getpass
 import os

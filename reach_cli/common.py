@@ -5,8 +5,6 @@ Errors are one line on stderr. Exit codes: 0 ok, 1 runtime failure, 2 usage (bad
 JSON, bad input).
 """
 
-from __future__ import annotations
-
 import functools
 import json
 import sys

@@ -1,7 +1,5 @@
 """`reach demo`: start the stack, push real documents through it, show what happened, exit."""
 
-from __future__ import annotations
-
 import time
 from pathlib import Path
 

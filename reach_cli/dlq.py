@@ -5,8 +5,6 @@ a replay that could not finish), 2 usage (bad flag, bad id, bad duration, confli
 `--json` prints one JSON array for `list`, one object for everything else (docs/dlq.md).
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path

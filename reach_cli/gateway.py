@@ -1,8 +1,6 @@
 """`reach serve` (the HTTP gateway), `reach mcp` (the MCP server alone) and
 `reach keys create|list|revoke` (the gateway's API keys)."""
 
-from __future__ import annotations
-
 import asyncio
 from enum import StrEnum
 from pathlib import Path

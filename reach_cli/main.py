@@ -1,7 +1,5 @@
 """`reach`: run the stack, submit and inspect tasks, watch agents and queues, work the DLQ."""
 
-from __future__ import annotations
-
 import asyncio
 import signal
 import time

@@ -1,8 +1,6 @@
 """`reach queues`, `reach capabilities`, `reach explain`: what the fleet's queues look like right now
 (`reach agents` is reach_cli/agents.py)."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

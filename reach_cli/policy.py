@@ -1,8 +1,6 @@
 """`reach policy show|set|reset|history` and `reach pause|resume`: the fleet's policy, per
 capability (broker/policy.py). Every flag is checked before anything is written."""
 
-from __future__ import annotations
-
 from datetime import UTC, datetime
 from typing import Annotated, Any
 

@@ -1,8 +1,6 @@
 """`reach schedule add|list|pause|resume|remove`: periodic tasks (broker/schedule.py), fired by
 the dispatchers, one task per due time however many run."""
 
-from __future__ import annotations
-
 from typing import Annotated, Any
 
 import typer

@@ -1,7 +1,5 @@
 """`reach tasks`: find recent tasks by capability, state, agent, trace and age, newest first."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

@@ -1,7 +1,5 @@
 """`reach submit | status | result | cancel`: one task at a time, from the shell."""
 
-from __future__ import annotations
-
 import json
 from datetime import datetime
 from typing import Annotated

@@ -1,7 +1,5 @@
 """`reach top`: the fleet live in the terminal (reach_cli/top_app.py)."""
 
-from __future__ import annotations
-
 from typing import Annotated
 
 import typer

@@ -2,8 +2,6 @@
 scrolling feed of task events (Textual). Keys: f filter by capability, p pause the feed,
 q or Ctrl-C quit (the terminal is restored)."""
 
-from __future__ import annotations
-
 from textual import work
 from textual.app import App, ComposeResult
 from textual.binding import Binding

@@ -1,8 +1,6 @@
 """What `reach top` shows, computed from reads (pure): rows of the capability and agent tables
 and lines of the event feed, and the rates it measures from the feed over a sliding window."""
 
-from __future__ import annotations
-
 import time
 from collections import deque
 from dataclasses import dataclass

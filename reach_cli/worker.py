@@ -1,8 +1,6 @@
 """`reach-worker`: serve one or more capabilities from this process (the worker itself is
 agent_worker.Worker)."""
 
-from __future__ import annotations
-
 import asyncio
 import logging
 import os
