@@ -89,7 +89,7 @@ def make_binding(settings: Settings, capability: str, spec: str | None = None, h
             spec = BUILTIN_HANDLERS.get(capability)
             source = "built-in"
     if http is not None:
-        from agent_worker.http_bridge import HttpAgent
+        from agent_worker.http_bridge.agent import HttpAgent
 
         handler: Handler = HttpAgent(http, http_options)
         source = source or "http"

@@ -56,7 +56,7 @@ from broker.settings import Settings
 
 if TYPE_CHECKING:
     from agent_worker.a2a import A2aBridge
-    from agent_worker.http_bridge import HttpBridge
+    from agent_worker.http_bridge.bridge import HttpBridge
 
 log = logging.getLogger("reach.worker")
 
@@ -156,7 +156,10 @@ class Worker:
 
     def _http_bridge(self, scripts: AsyncScripts) -> HttpBridge | None:
         """What the HTTP agents among the handlers share (agent_worker/http_bridge), if any."""
-        from agent_worker.http_bridge import HttpAgent, HttpBridge, WorkerLink
+        if "agent_worker.http_bridge.agent" not in sys.modules:
+            return None  # (no binding made an HttpAgent: httpx need not be imported)
+        from agent_worker.http_bridge.agent import HttpAgent
+        from agent_worker.http_bridge.bridge import HttpBridge, WorkerLink
 
         agents = [b.handler for b in self.bindings.values() if isinstance(b.handler, HttpAgent)]
         if not agents:
@@ -170,7 +173,7 @@ class Worker:
         if "agent_worker.a2a" not in sys.modules:
             return None  # (no binding made an A2aAgent: a2a-sdk need not be installed)
         from agent_worker.a2a import A2aAgent, A2aBridge
-        from agent_worker.http_bridge import WorkerLink
+        from agent_worker.http_bridge.bridge import WorkerLink
 
         agents = [b.handler for b in self.bindings.values() if isinstance(b.handler, A2aAgent)]
         if not agents:

@@ -15,7 +15,7 @@ import dispatcher
 from agent_worker import InvalidRequest, Retryable
 from agent_worker.builtin.summarize import split_sentences, summarize
 from agent_worker.classify import backoff_ms, classify, describe
-from agent_worker.http_bridge import AgentFailed, interpret
+from agent_worker.http_bridge.outcome import AgentFailed, interpret
 from broker import Settings, codec
 from broker.client.events import events_of_record, feed_events, message_is_terminal
 from broker.ids import new_task_id, split_task_id
