@@ -98,6 +98,14 @@ class _FastSyncSSLConnection(_HiredisPacking, redis.SSLConnection):
     pass
 
 
+class _FastUnixConnection(_HiredisPacking, redis.asyncio.UnixDomainSocketConnection):
+    pass
+
+
+class _FastSyncUnixConnection(_HiredisPacking, redis.UnixDomainSocketConnection):
+    pass
+
+
 def _standalone_options(url: str, asynchronous: bool) -> dict[str, Any]:
     """The options of a plain (not Cluster, not Sentinel) client for `url`."""
     options = {**_COMMON, **_fast_connection_class(url, asynchronous)}
@@ -117,6 +125,8 @@ def _fast_connection_class(url: str, asynchronous: bool = True) -> dict[str, Any
         return {"connection_class": _FastConnection if asynchronous else _FastSyncConnection}
     if url.startswith("rediss://"):
         return {"connection_class": _FastSSLConnection if asynchronous else _FastSyncSSLConnection}
+    if url.startswith("unix://"):
+        return {"connection_class": _FastUnixConnection if asynchronous else _FastSyncUnixConnection}
     return {}
 
 
@@ -180,7 +190,7 @@ def parse_sentinel_url(url: str) -> SentinelTarget:
 
 
 def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout: float | None,
-                     settings: Settings) -> Any:
+                     settings: Settings, named: dict[str, str]) -> Any:
     sentinel_auth = {"password": os.environ["REACH_SENTINEL_PASSWORD"]} \
         if os.environ.get("REACH_SENTINEL_PASSWORD") else {}
     options = {k: v for k, v in _COMMON.items() if k != "health_check_interval"}
@@ -190,16 +200,24 @@ def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout:
                             socket_connect_timeout=3, sentinel_kwargs=sentinel_auth)
     return sentinel.master_for(target.service, db=target.db, username=target.username,
                                password=target.password, ssl=target.ssl,
-                               socket_timeout=socket_timeout, **{**options, **tls})
+                               socket_timeout=socket_timeout, **{**options, **tls, **named})
 
 
 
-def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> SyncRedis:
+def _named(client_name: str | None) -> dict[str, str]:
+    """redis-py's option that names each connection (CLIENT SETNAME as it connects)."""
+    return {"client_name": client_name} if client_name else {}
+
+
+def sync_client(settings: Settings, *, socket_timeout: float | None = 10,
+                client_name: str | None = None) -> SyncRedis:
     """A client for short commands. On Cluster it connects at once (to learn the slot map):
-    BrokerUnavailable if no node answers. With Sentinel it follows the current master."""
+    BrokerUnavailable if no node answers. With Sentinel it follows the current master.
+    `client_name`: the name its connections carry in CLIENT LIST (not on Cluster)."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
-        return _sentinel_master(parse_sentinel_url(url), False, socket_timeout, settings)  # type: ignore[no-any-return]
+        return _sentinel_master(parse_sentinel_url(url), False, socket_timeout, settings,  # type: ignore[no-any-return]
+                                _named(client_name))
     if cluster:
         try:
             return SyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
@@ -212,23 +230,25 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10) -> Syn
             raise unavailable(exc, settings) from exc
     return redis.Redis.from_url(url, socket_timeout=socket_timeout,
                                 **_standalone_options(url, asynchronous=False),
-                                **tls_options(settings, url))
+                                **tls_options(settings, url), **_named(client_name))
 
 
 def async_client(settings: Settings, *, socket_timeout: float | None = 10,
-                 max_connections: int | None = None) -> AsyncRedis:
+                 max_connections: int | None = None, client_name: str | None = None) -> AsyncRedis:
     """An asyncio client; on Cluster it learns the slot map at its first command.
 
     `max_connections` (a single node): at most that many connections, a command beyond them
     waiting up to socket_timeout for one; for a server whose bursts of requests would otherwise
-    open a connection each (more than Redis accepts at once)."""
+    open a connection each (more than Redis accepts at once). `client_name`: as sync_client's."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
-        return _sentinel_master(parse_sentinel_url(url), True, socket_timeout, settings)  # type: ignore[no-any-return]
+        return _sentinel_master(parse_sentinel_url(url), True, socket_timeout, settings,  # type: ignore[no-any-return]
+                                _named(client_name))
     if cluster:
         return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
                                      **tls_options(settings, url))
-    options = {**_standalone_options(url, asynchronous=True), **tls_options(settings, url)}
+    options = {**_standalone_options(url, asynchronous=True), **tls_options(settings, url),
+               **_named(client_name)}
     if max_connections is None:
         return redis.asyncio.Redis.from_url(url, socket_timeout=socket_timeout, **options)
     pool = redis.asyncio.BlockingConnectionPool.from_url(
