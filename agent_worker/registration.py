@@ -195,8 +195,8 @@ class HeartbeatThread(threading.Thread):
         try:
             if self._client is None:
                 self._client = connection.sync_client(
-                    self.settings, socket_timeout=HEARTBEAT_SOCKET_TIMEOUT_S
-                )
+                    self.settings, socket_timeout=HEARTBEAT_SOCKET_TIMEOUT_S,
+                    client_name=RegistryKeys(self.settings.prefix).agent_client(self.agent_id))
                 self._scripts = Scripts(self._client)
             assert self._scripts is not None
             stats = self._stats()

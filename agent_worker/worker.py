@@ -48,7 +48,7 @@ from broker import inbox
 from broker.errors import ConfigError
 from broker.infra import connection, eventloop, fatal, logs, outages
 from broker.infra.metrics_server import MetricsServer, serve
-from broker.keys import DRAINING_FIELD, CapabilityKeys
+from broker.keys import DRAINING_FIELD, CapabilityKeys, RegistryKeys
 from broker.models import AgentDescriptor
 from broker.registry import AgentState
 from broker.scripts import AsyncScripts
@@ -122,7 +122,10 @@ class Worker:
         self._metrics_address = settings.metrics_address(None)
         self.metrics = (WorkerMetrics(settings, self.agent_id, list(self.bindings))
                         if self._metrics_address is not None else None)
-        self.redis = connection.async_client(settings)
+        # (Its connections carry the agent's name: a dispatcher that sees none left hands its
+        # tasks on at once, not when their leases lapse: dispatcher/liveness.py.)
+        self.redis = connection.async_client(
+            settings, client_name=RegistryKeys(settings.prefix).agent_client(self.agent_id))
         scripts = AsyncScripts(self.redis)
         self.session = AgentSession(settings, self.descriptor, self.redis, scripts, self.heartbeat_stats,
                                     registered({c: b.description for c, b in self.bindings.items()}),

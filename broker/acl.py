@@ -71,11 +71,12 @@ _SCRIPTS: dict[Role, frozenset[str]] = {
 
 _DIRECT: dict[Role, frozenset[str]] = {
     Role.PRODUCER: _READS | {"blmove", "sadd"},
-    Role.AGENT: _READS | {"xreadgroup", "xack", "xautoclaim", "sadd", "hset", "blmove"},
+    # (An agent names its connections, which a dispatcher lists: dispatcher/liveness.py.)
+    Role.AGENT: _READS | {"xreadgroup", "xack", "xautoclaim", "sadd", "hset", "blmove", "client|setname"},
     Role.DISPATCHER: _READS | {"xreadgroup", "xack", "xautoclaim", "xclaim", "xgroup|create",
                                "xadd", "xtrim", "xdel", "zrem", "zremrangebyscore",
                                "zremrangebyrank", "hset", "hsetnx", "hdel", "hincrby", "sadd",
-                               "srem", "set", "del", "unlink", "pexpire", "publish"},
+                               "srem", "set", "del", "unlink", "pexpire", "publish", "client|list"},
     Role.OPERATOR: _READS | {"blmove", "sadd", "srem", "hset", "hsetnx", "hdel", "set", "del",
                              "unlink", "xadd", "xdel", "xtrim", "zadd", "zrem",
                              "zremrangebyscore", "publish", "xgroup|create"},

@@ -346,6 +346,18 @@ class RegistryKeys:
     def agent(self, agent_id: str) -> str:
         return f"{self.base}:agent:{agent_id}"
 
+    def agent_client(self, agent_id: str) -> str:
+        """The name (CLIENT SETNAME) of each Redis connection of the agent's worker process:
+        a dispatcher that sees none left knows the process is gone (dispatcher/liveness.py)."""
+        return f"{self.prefix}:agent:{agent_id}"
+
+    def agent_of_client(self, client_name: str) -> str | None:
+        """The agent a connection named by agent_client belongs to (None: not an agent's)."""
+        head = f"{self.prefix}:agent:"
+        if not client_name.startswith(head):
+            return None
+        return client_name[len(head):] or None
+
     def gateway_rate(self, identity: str) -> str:
         """The gateway's token bucket of one API key (`key:<id>`) or client address
         (`addr:<host>`): a hash tag of its own, so the buckets spread over a Cluster's slots."""

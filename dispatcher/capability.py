@@ -14,6 +14,7 @@ or deadline, or the next lease sweep or stall check; never longer than the idle 
     snapshots     what rounds saw, for `reach explain`
     policy        the capability's policy (pause, rate, max_running are the scripts' to hold)
     stalls        agents that stopped reading: their unread tasks back, nothing new for them
+    gone          agents whose process is gone: all their tasks back at once (liveness.py)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dispatcher.grants import Grants
 from dispatcher.handoff import PIPELINE_MIN_TASKS, Handoff
 from dispatcher.housekeeping import Housekeeping
 from dispatcher.leases import LeaseSweep
+from dispatcher.liveness import AgentConnections, GoneWatch
 from dispatcher.no_agent import NoAgentWatch
 from dispatcher.observations import Observations
 from dispatcher.policy import CapabilityPolicy
@@ -50,7 +52,8 @@ Chosen = list[tuple[ReadyTask, Choice]]
 
 
 class CapabilityLoop:
-    def __init__(self, ctx: DispatcherContext, capability: str) -> None:
+    def __init__(self, ctx: DispatcherContext, capability: str,
+                 connections: AgentConnections | None = None) -> None:
         self.ctx = ctx
         self.capability = capability
         self.keys = CapabilityKeys(ctx.settings.prefix, capability)
@@ -63,6 +66,7 @@ class CapabilityLoop:
         self.leases = LeaseSweep(ctx, self.keys)
         self.no_agent = NoAgentWatch(ctx, self.keys)
         self.stalls = StallWatch(ctx, self.keys, lambda agent_id: self.observations.health.get(agent_id))
+        self.gone = GoneWatch(ctx, self.keys, connections or AgentConnections(ctx))
         self.policy = CapabilityPolicy(ctx, capability)
         self._hold_until = 0.0
         """No round before this (monotonic): the rate allows no start until then."""
@@ -162,7 +166,7 @@ class CapabilityLoop:
             if due is not None:
                 timeout = min(timeout, max((due - now) / 1000, not_before))
         timeout = min(timeout, self.leases.next_at - time.monotonic(),
-                      self.stalls.next_at - time.monotonic())
+                      self.stalls.next_at - time.monotonic(), self.gone.next_at - time.monotonic())
         if self._hold_until:
             timeout = min(timeout, max(0.0, self._hold_until - time.monotonic()))
         return max(0.001, timeout)
@@ -187,6 +191,11 @@ class CapabilityLoop:
             if released:
                 self.ready.forget()  # (they are queued again)
             moved += released
+        if self.gone.due():
+            handed_on = await self.gone.run()
+            if handed_on:
+                self.ready.forget()
+            moved += handed_on
         moved += await self.no_agent.run(self.policy.current)
         return moved > 0
 
@@ -199,7 +208,7 @@ class CapabilityLoop:
         # the queue is empty, so a round is rare then. The set standing is its last writer's:
         # the agents another dispatcher granted are read by the registry refresh.)
         await self.observations.refresh_unsure(self.grants.granted_agents())
-        candidates, filtered = self.stalls.routable(*self.observations.candidates())
+        candidates, filtered = self.gone.routable(*self.stalls.routable(*self.observations.candidates()))
         if not candidates or self.policy.current.paused:
             # (Paused: nothing starts, by a round, a grant or a pull.)
             settled, _ = await self.handoff.settle()

@@ -26,6 +26,7 @@ from broker.settings import DISPATCHER_METRICS_ADDR, Settings
 from dispatcher.capability import CapabilityLoop
 from dispatcher.context import DispatcherContext
 from dispatcher.health import HealthWatcher
+from dispatcher.liveness import AgentConnections
 from dispatcher.metrics import TICK_S, DispatcherMetrics
 from dispatcher.policy import seed
 from dispatcher.scheduler import Scheduler
@@ -43,6 +44,8 @@ class Dispatcher:
         self.only = frozenset(capabilities) if capabilities else None
         self.dispatcher_id = dispatcher_id
         self.loops: dict[str, CapabilityLoop] = {}
+        self._connections: AgentConnections | None = None
+        """Which agents are connected to Redis, shared by the loops (liveness.py)."""
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self._registry_dirty = asyncio.Event()
         self._stop = asyncio.Event()
@@ -148,7 +151,9 @@ class Dispatcher:
             return None
         loop = self.loops.get(capability)
         if loop is None:
-            loop = self.loops[capability] = CapabilityLoop(ctx, capability)
+            if self._connections is None:
+                self._connections = AgentConnections(ctx)
+            loop = self.loops[capability] = CapabilityLoop(ctx, capability, self._connections)
             self._tasks[capability] = asyncio.create_task(loop.run(), name=f"cap-{capability}")
             log.info("serving capability %s", capability)
         return loop
