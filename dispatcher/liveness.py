@@ -12,8 +12,10 @@ attempt (reclaim.lua: fenced, so a late report of the old one is refused), and i
 new until a connection of its shows again. (A live worker cut off by a Redis restart connects
 again by its next heartbeat, within the wait.)
 
-Inert where the names cannot be seen: on Cluster, behind a proxy, where CLIENT LIST is refused
-(an ACL without it, some managed Redis): an agent never seen connected is left to its leases.
+On Cluster every primary is listed (a worker holds connections to the node of its capability
+and to the registry's). Inert where the names cannot be seen: behind a proxy, where CLIENT LIST
+is refused (an ACL without it, some managed Redis): an agent never seen connected is left to
+its leases.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import redis
 
@@ -54,8 +57,8 @@ class AgentConnections:
         self._lock = asyncio.Lock()
         self._at = -CHECK_S
         self._agents: frozenset[str] | None = None
-        self.off = connection.is_cluster(ctx.redis)
-        """Set for good where the names cannot be listed (Cluster, CLIENT LIST refused)."""
+        self.off = False
+        """Set for good where Redis refuses CLIENT LIST."""
 
     async def connected(self) -> frozenset[str] | None:
         """The agents connected now (None: not known, as after a failed listing)."""
@@ -67,7 +70,7 @@ class AgentConnections:
             self._at = time.monotonic()
             self._agents = None
             try:
-                clients = await self.ctx.redis.client_list(_type="normal")
+                clients = await self._list()
             except redis.exceptions.ResponseError as exc:
                 self.off = True
                 log.warning("Redis refused CLIENT LIST (%s): the tasks of an agent whose process "
@@ -78,6 +81,17 @@ class AgentConnections:
             names = (self._keys.agent_of_client(str(c.get("name") or "")) for c in clients)
             self._agents = frozenset(agent for agent in names if agent)
             return self._agents
+
+    async def _list(self) -> list[dict[str, Any]]:
+        """Every client of the Redis (of each primary of a Cluster)."""
+        client: Any = self.ctx.redis
+        if not connection.is_cluster(client):
+            return list(await client.client_list(_type="normal"))
+        replies = await client.client_list(_type="normal", target_nodes=client.PRIMARIES)
+        # (a dict by node, or one node's list where the cluster has a single primary)
+        if isinstance(replies, dict):
+            return [c for clients in replies.values() for c in clients]
+        return list(replies)
 
 
 class GoneWatch:

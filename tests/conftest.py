@@ -85,7 +85,7 @@ def _targets() -> list[str]:
 
 # The suites that also run on the cluster target (issue 8 names them).
 CLUSTER_SUITES = {"test_delivery", "test_registry", "test_agent_lifecycle", "test_reliability",
-                  "test_dlq", "test_handoff", "test_policy_scripts"}
+                  "test_dlq", "test_handoff", "test_policy_scripts", "test_liveness"}
 
 # Suites of the dispatcher's and workers' judgement of agents (heartbeats, states, tokens): the
 # same on Redis 6.2 and 7, so they skip the machine's Redis 7 (its commands are exercised by the

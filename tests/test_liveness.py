@@ -21,8 +21,14 @@ SLOW = {"lease_ms": 60_000, "offline_after_ms": 60_000}
 
 
 def _named_connections(r: redis.Redis, prefix: str, agent_id: str) -> int:
+    """The agent's connections, on every primary of a Cluster."""
     name = RegistryKeys(prefix).agent_client(agent_id)
-    return sum(1 for c in r.client_list(_type="normal") if c.get("name") == name)
+    if hasattr(r, "get_primaries"):
+        replies: Any = r.client_list(_type="normal", target_nodes=r.PRIMARIES)
+        clients = [c for node in replies.values() for c in node] if isinstance(replies, dict) else replies
+    else:
+        clients = r.client_list(_type="normal")
+    return sum(1 for c in clients if c.get("name") == name)
 
 
 def test_a_killed_agents_running_tasks_go_to_another_at_once(make_settings: Any, fleet: Fleet,

@@ -203,7 +203,6 @@ def _sentinel_master(target: SentinelTarget, asynchronous: bool, socket_timeout:
                                socket_timeout=socket_timeout, **{**options, **tls, **named})
 
 
-
 def _named(client_name: str | None) -> dict[str, str]:
     """redis-py's option that names each connection (CLIENT SETNAME as it connects)."""
     return {"client_name": client_name} if client_name else {}
@@ -213,7 +212,7 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10,
                 client_name: str | None = None) -> SyncRedis:
     """A client for short commands. On Cluster it connects at once (to learn the slot map):
     BrokerUnavailable if no node answers. With Sentinel it follows the current master.
-    `client_name`: the name its connections carry in CLIENT LIST (not on Cluster)."""
+    `client_name`: the name its connections carry in CLIENT LIST (on every node of a Cluster)."""
     url, cluster = resolve_url(settings)
     if url.startswith(("redis+sentinel://", "rediss+sentinel://")):
         return _sentinel_master(parse_sentinel_url(url), False, socket_timeout, settings,  # type: ignore[no-any-return]
@@ -221,7 +220,7 @@ def sync_client(settings: Settings, *, socket_timeout: float | None = 10,
     if cluster:
         try:
             return SyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
-                                        **tls_options(settings, url))
+                                        **tls_options(settings, url), **_named(client_name))
         except redis.exceptions.RedisClusterException as exc:
             if unreachable(exc):
                 raise unavailable(exc, settings) from exc
@@ -246,7 +245,7 @@ def async_client(settings: Settings, *, socket_timeout: float | None = 10,
                                 _named(client_name))
     if cluster:
         return AsyncCluster.from_url(url, socket_timeout=socket_timeout, **cluster_options(_COMMON),
-                                     **tls_options(settings, url))
+                                     **tls_options(settings, url), **_named(client_name))
     options = {**_standalone_options(url, asynchronous=True), **tls_options(settings, url),
                **_named(client_name)}
     if max_connections is None:
