@@ -6,7 +6,7 @@ here."""
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 from broker.protocol.health import AgentHealth
 from broker.registry import AgentRecord, AgentState
@@ -59,3 +59,16 @@ def gather(records: Iterable[AgentRecord], state_of: Callable[[AgentRecord], Age
         agent_id = record.agent_id
         out.append(candidate(record, load_of(agent_id), health_of(agent_id), speed_of(agent_id)))
     return out, filtered
+
+
+def without(candidates: list[Candidate], filtered: dict[str, str], agents: Container[str],
+            reason: str) -> tuple[list[Candidate], dict[str, str]]:
+    """The candidates but `agents`, each of those filtered as `reason` (for `reach explain`)."""
+    out = dict(filtered)
+    kept = []
+    for c in candidates:
+        if c.agent_id in agents:
+            out[c.agent_id] = reason
+        else:
+            kept.append(c)
+    return kept, out

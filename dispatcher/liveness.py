@@ -32,6 +32,7 @@ from broker.infra import connection
 from broker.infra.outages import TRANSIENT_ERRORS
 from broker.keys import CapabilityKeys, RegistryKeys
 from broker.settings import Settings
+from dispatcher.candidates import without
 from dispatcher.context import DispatcherContext
 from dispatcher.routing import Candidate
 
@@ -158,8 +159,4 @@ class GoneWatch:
         """The candidates without the agents that are gone (filtered as `gone`)."""
         if not self.gone:
             return candidates, filtered
-        out = dict(filtered)
-        for c in candidates:
-            if c.agent_id in self.gone:
-                out[c.agent_id] = "gone"
-        return [c for c in candidates if c.agent_id not in self.gone], out
+        return without(candidates, filtered, self.gone, "gone")

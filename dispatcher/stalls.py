@@ -31,7 +31,7 @@ from broker import inbox
 from broker.keys import CapabilityKeys
 from broker.protocol.health import AgentHealth
 from broker.registry import AgentRecord, AgentState
-from dispatcher.candidates import usable_slots
+from dispatcher.candidates import usable_slots, without
 from dispatcher.context import DispatcherContext
 from dispatcher.routing import Candidate, judged_speed
 
@@ -126,11 +126,7 @@ class StallWatch:
         """The candidates without the agents that stopped reading (filtered as `not_reading`)."""
         if not self.marked:
             return candidates, filtered
-        out = dict(filtered)
-        for c in candidates:
-            if c.agent_id in self.marked:
-                out[c.agent_id] = "not_reading"
-        return [c for c in candidates if c.agent_id not in self.marked], out
+        return without(candidates, filtered, self.marked, "not_reading")
 
     def _alive(self, record: AgentRecord, mark: Mark, group: tuple[int, str]) -> bool:
         """Whether a marked agent showed life: its inbox moved, or it heartbeat with its loop

@@ -51,7 +51,8 @@ class App:
 def served(request: pytest.FixtureRequest) -> Iterator[tuple[App, int]]:
     loop = request.param
     if loop == "uvloop":
-        pytest.importorskip("uvloop", minversion="0.23")  # (before 0.23 it writes at the turn's end)
+        pytest.importorskip("uvloop", minversion="0.23",
+                            reason="uvloop before 0.23 holds writes to the turn's end itself")
     app = App()
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))

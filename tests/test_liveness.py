@@ -69,7 +69,7 @@ def test_a_frozen_agent_keeps_its_task(make_settings: Any, fleet: Fleet, r: redi
         first.signal(signal.SIGSTOP)
         try:
             deadline = time.monotonic() + gone_ms(settings) / 1000 + 3 * CHECK_S
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline:  # (a bounded window: the task may not move in it)
                 status = client.status(handle.task_id)
                 assert status.attempt == 1 and status.agent_id == first.agent_id
                 time.sleep(0.2)
