@@ -92,6 +92,8 @@ def test_top_shows_the_fleet_filters_pauses_and_quits(fleet: Fleet, client: Reac
     terminal.wait_for(held)
 
     terminal.keys("f")
+    # (keys typed before the box has focus go to the app: the "p" in "topother" would pause)
+    terminal.wait_for("capability to show")
     terminal.keys("topother", literal=True)
     terminal.keys("Enter")
     terminal.wait_for("capability: topother")
