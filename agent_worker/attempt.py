@@ -27,6 +27,8 @@ class Attempt:
     task: asyncio.Task[Any] | None = None
     deadline: float = 0.0
     """When its execution timeout ends (event loop clock)."""
+    started_at: float = 0.0
+    """When it started (event loop clock)."""
     abandoned: bool = False
     """Told to stop and still running STOP_WAIT_S later: reported, its lease left to lapse."""
     span: AttemptSpan | None = None

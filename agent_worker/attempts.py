@@ -100,8 +100,9 @@ class Attempts:
             traceparent=run_trace.traceparent, tracestate=run_trace.tracestate,
             _sink=self.progress, _loop=loop,
         )
+        now = loop.time()
         attempt = Attempt(binding, Lease(task.entry_id, task.local_id, task.fence), ctx,
-                          deadline=loop.time() + ctx.timeout_s, span=span)
+                          deadline=now + ctx.timeout_s, started_at=now, span=span)
         self.running.by_task[task.task_id] = attempt
         self.running.unreported.add(task.entry_id)
         if self.metrics is not None:

@@ -1,9 +1,10 @@
 """What a worker tells Redis about its tasks: their starts and outcomes, batched, with the read
 of the next inbox entries riding along; and their progress.
 
-Once per loop turn the flusher records the starts of the tasks still running (accept.lua: an
-agent starts a task as soon as it reads it and records the start a moment later) and stores
-finished attempts (complete.lua: outcome + ack + the next step), in one round trip. With one
+Once per loop turn the flusher stores finished attempts (complete.lua: outcome + ack + the next
+step) and records the starts of the tasks that have run START_RECORD_S and still run (accept.lua:
+an agent starts a task as soon as it reads it and records the start later, dated when it
+started), in one round trip. With one
 capability (and not on Cluster, whose pipelines refuse EVALSHA) the slots of ended tasks are
 kept for that report, which also reads the next entries of the inbox: a busy worker needs one
 round trip per batch, not two.
@@ -43,6 +44,11 @@ from broker.settings import Settings
 log = logging.getLogger("reach.worker")
 
 COMPLETE_BATCH = 200
+START_RECORD_S = 0.1
+"""How long a task runs before its start is recorded. One that ends sooner is started by its
+completion: a short task costs one report (and one script in Redis), not two. Meanwhile its
+record says `dispatched`, which every script takes as maybe started (progress, renew, cancel,
+reclaim), and the dispatchers count its slot as busy from the inbox entry read."""
 Entries = list[tuple[str, dict[str, str]]]
 ReadAlong = Callable[[Binding, Entries], Awaitable[None]]
 
@@ -71,6 +77,8 @@ class Reporter:
         """Whether the inbox held unread entries at the last report."""
         self._reporting = False
         self._flush = asyncio.Event()
+        self._starts_due: asyncio.TimerHandle | None = None
+        """Wakes the flusher when the oldest unrecorded start is due."""
 
     @property
     def pending(self) -> bool:
@@ -81,7 +89,7 @@ class Reporter:
 
     def started(self, attempt: Attempt) -> None:
         self._unrecorded.setdefault(attempt.binding.capability, []).append(attempt)
-        self._flush.set()
+        self._wake_at(attempt.started_at + START_RECORD_S)
 
     def ended(self, attempt: Attempt, completion: Completion) -> None:
         self._completions.setdefault(attempt.binding.capability, []).append(completion)
@@ -129,7 +137,38 @@ class Reporter:
         try:
             await self._flush_reports(lane)
         finally:
+            if self._starts_due is not None:
+                self._starts_due.cancel()
             await lane.close()
+
+    def _wake_at(self, when: float) -> None:
+        """Wake the flusher at `when` (loop clock), unless it is woken sooner already."""
+        if self._starts_due is not None and self._starts_due.when() <= when:
+            return
+        if self._starts_due is not None:
+            self._starts_due.cancel()
+        self._starts_due = asyncio.get_running_loop().call_at(when, self._starts_now)
+
+    def _starts_now(self) -> None:
+        self._starts_due = None
+        self._flush.set()
+
+    def _take_due_starts(self) -> dict[str, list[Attempt]]:
+        """The unrecorded starts of tasks still running that have run START_RECORD_S; the
+        younger stay, and wake the flusher when the oldest of them is due."""
+        cutoff = asyncio.get_running_loop().time() - START_RECORD_S + 0.001
+        by_task = self.running.by_task
+        due: dict[str, list[Attempt]] = {}
+        young: dict[str, list[Attempt]] = {}
+        for capability, attempts in self._unrecorded.items():
+            for a in attempts:
+                if by_task.get(a.ctx.task_id) is a:  # (one that ended is started by its completion)
+                    (due if a.started_at <= cutoff else young).setdefault(capability, []).append(a)
+        self._unrecorded = young
+        oldest = min((a.started_at for attempts in young.values() for a in attempts), default=None)
+        if oldest is not None:
+            self._wake_at(oldest + START_RECORD_S)
+        return due
 
     async def _flush_reports(self, lane: Lane) -> None:
         pause = 0.1
@@ -141,10 +180,10 @@ class Reporter:
                 # each (and a task that ends within the turn needs no record of its start).
                 await asyncio.sleep(0)
             self._flush.clear()
-            if not (self._completions or self._unrecorded):
+            unrecorded = self._take_due_starts()
+            if not (self._completions or unrecorded):
                 continue
             completions, self._completions = self._completions, {}
-            unrecorded, self._unrecorded = self._unrecorded, {}
             read, self._freed = self._freed, 0
             if self.slots.closed or not self._inbox_busy:
                 # Nothing new is read while draining; and nothing is asked for when the inbox
@@ -177,10 +216,7 @@ class Reporter:
                           unrecorded: dict[str, list[Attempt]], read: int) -> int:
         """Report every capability's batch; returns the read slots not handed on yet."""
         for capability in {*completions, *unrecorded}:
-            # Started and still running: record the start. (Those that ended are started by
-            # their completion.)
-            by_task = self.running.by_task
-            starts = [a for a in unrecorded.get(capability, ()) if by_task.get(a.ctx.task_id) is a]
+            starts = unrecorded.get(capability, [])
             done = completions.get(capability, [])
             for i in range(0, max(len(starts), len(done)), COMPLETE_BATCH):
                 pending_read, read = read, 0  # (_report releases it if it fails)
@@ -207,8 +243,10 @@ class Reporter:
         token = session.token
         calls = []
         if starts:
+            now = asyncio.get_running_loop().time()
             calls.append(accept_call(self.settings, capability, session.agent_id, token,
-                                     [a.lease for a in starts], started=True))
+                                     [a.lease for a in starts], started=True,
+                                     ran_ms=[int((now - a.started_at) * 1000) for a in starts]))
         if done:
             calls.append(complete_call(self.settings, capability, session.agent_id, token, done))
         inbox = CapabilityKeys(self.settings.prefix, capability).inbox(session.agent_id)

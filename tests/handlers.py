@@ -231,3 +231,11 @@ async def record_due(ctx: TaskContext, payload: Any) -> Any:
     """Appends the due time of the schedule that made the task (its metadata) to a list."""
     _redis().rpush(f"{os.environ['REACH_PREFIX']}:test:dues", str(ctx.metadata.get("due_at")))
     return {"due_at": ctx.metadata.get("due_at")}
+
+
+async def stamps_start(ctx: TaskContext, payload: Any) -> Any:
+    """Writes when it started (ms, this host's clock) to `<prefix>:test:start:<task id>`, then
+    sleeps payload["s"] seconds."""
+    _redis().set(f"{os.environ['REACH_PREFIX']}:test:start:{ctx.task_id}", str(round(time.time() * 1000)))
+    await asyncio.sleep(float(payload["s"]))
+    return {"slept": payload["s"]}

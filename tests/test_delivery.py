@@ -404,6 +404,32 @@ def test_events_arrive_in_order_with_progress_before_the_result(
     assert [e.type for e in handle.events()] == types
 
 
+def test_a_start_is_recorded_once_the_task_has_run_a_while_and_dated_when_it_began(
+    client: ReachClient, fleet: Fleet, r: redis.Redis, prefix: str
+) -> None:
+    """A worker records a start only for a task still running START_RECORD_S after it began
+    (a shorter one is started by its completion), dated when it began, not when recorded."""
+    fleet.dispatcher()
+    fleet.worker("stamped", handler="tests.handlers:stamps_start")
+    long, short = client.submit("stamped", {"s": 2.0}), client.submit("stamped", {"s": 0.01})
+    record = CapabilityKeys(prefix, "stamped").task
+
+    def began(task_id: str) -> int:
+        return int(wait_until(lambda: r.get(f"{prefix}:test:start:{task_id}"), 30,
+                              message=f"{task_id} started"))
+
+    def recorded(task_id: str, state: str) -> int:
+        local = task_id.split(":", 1)[1]
+        wait_until(lambda: r.hget(record(local), "state") == state, 30, message=f"{task_id} {state}")
+        return int(r.hget(record(local), "started_at") or 0)
+
+    for handle, state in ((long, "running"), (short, "succeeded")):
+        start = began(handle.task_id)
+        assert abs(recorded(handle.task_id, state) - start) <= 40  # (one host's clocks, whole ms)
+        assert [e.type for e in handle.events(timeout=30)].count("accepted") == 1
+    assert long.result(timeout=30) == {"slept": 2.0}
+
+
 def test_sync_and_async_handlers_both_work(client: ReachClient, fleet: Fleet) -> None:
     fleet.dispatcher()
     fleet.worker("a", handler="tests.handlers:record")

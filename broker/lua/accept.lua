@@ -6,7 +6,8 @@
 -- ARGV[5] result ttl ms   ARGV[6] '1' when the agent started the tasks already (from what their
 -- inbox entries carry: this call only records it), '0' when it waits for this reply to start
 -- them   ARGV[7] policy defaults (see _policy.lua)
--- then for task i: ARGV[8+2i] inbox entry id, ARGV[9+2i] fencing token
+-- then for task i: ARGV[8+3i] inbox entry id, ARGV[9+3i] fencing token, ARGV[10+3i] ms the
+-- agent has run it already (0 when it waits): its start is recorded as that long ago
 -- Only the delivery the task currently expects (same agent, same fence, state dispatched) may
 -- start; any other entry is a stale copy and is acknowledged away without running.
 -- Returns {'refused'} for a bad token, else for each task 10 values: status ('ok', 'gone',
@@ -28,7 +29,7 @@ local function policy()
   return p
 end
 local out = {}
-local names = {'state', 'fence', 'agent_id', 'deadline_at', 'accepted_by', 'max_attempts'}
+local names = {'state', 'fence', 'agent_id', 'deadline_at', 'accepted_by', 'max_attempts', 'dispatched_at'}
 if not started then
   for _, f in ipairs({'payload', 'timeout_ms', 'trace', 'session_id', 'metadata'}) do
     names[#names + 1] = f
@@ -51,14 +52,15 @@ local function drop(entry)
   count(c, STAT_REMOVED, redis.call('XDEL', inbox, entry))
 end
 
-local function start(t)
-  start_attempt(c, t, agent, token_sha, now)
+local function start(t, at)
+  start_attempt(c, t, agent, token_sha, at)
   save(t)
 end
 
 for i = 0, n - 1 do
-  local entry, fence = ARGV[8 + 2 * i], ARGV[9 + 2 * i]
+  local entry, fence = ARGV[8 + 3 * i], ARGV[9 + 3 * i]
   local t = load_task(KEYS[7 + i], names)
+  local at = math.max(now - (tonumber(ARGV[10 + 3 * i]) or 0), tonumber(t.dispatched_at) or 0)
   local mine = t.fence == fence and t.agent_id == agent
   if not t.state then
     drop(entry)
@@ -77,7 +79,7 @@ for i = 0, n - 1 do
     else
       event(c, t, 'reclaimed', agent, now, '{"reason":"agent restarted"}')
       count(c, STAT_RECLAIMS, 1)
-      start(t)
+      start(t, at)
       row('ok', t)
     end
   elseif mine and t.state ~= 'dispatched' and t.state ~= 'canceled' then
@@ -90,12 +92,12 @@ for i = 0, n - 1 do
   elseif t.state == 'canceled' then
     drop(entry)
     row('canceled', t)
-  elseif (tonumber(t.deadline_at) or 0) > 0 and now >= tonumber(t.deadline_at) then
+  elseif (tonumber(t.deadline_at) or 0) > 0 and at >= tonumber(t.deadline_at) then
     drop(entry)
     fail_task(c, t, KEYS[2], 'expired', 'deadline passed before the task started', agent, now)
     row('expired', t)
   else
-    start(t)
+    start(t, at)
     row('ok', t)
   end
 end

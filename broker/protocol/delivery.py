@@ -178,9 +178,10 @@ class AcceptReply:
 
 def accept_call(
     settings: Settings, capability: str, agent_id: str, token: str, deliveries: Sequence[Lease],
-    *, started: bool = False,
+    *, started: bool = False, ran_ms: Sequence[int] = (),
 ) -> ScriptCall:
-    """Accept deliveries before starting them, or (`started`) record that they were started."""
+    """Accept deliveries before starting them, or (`started`) record that they were started,
+    `ran_ms[i]` ms ago for delivery i (0 when not given)."""
     keys_head, args_head, task_prefix = cached(
         settings, ("accept", capability, agent_id), lambda: _accept_frame(settings, capability, agent_id))
     keys = list(keys_head)
@@ -188,9 +189,9 @@ def accept_call(
     args[1] = token
     if started:
         args[5] = "1"
-    for d in deliveries:
+    for i, d in enumerate(deliveries):
         keys.append(task_prefix + d.local_id)
-        args += [d.entry_id, d.fence]
+        args += [d.entry_id, d.fence, ran_ms[i] if i < len(ran_ms) else 0]
     return ScriptCall("accept", keys, args)
 
 
