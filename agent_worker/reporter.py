@@ -4,10 +4,9 @@ of the next inbox entries riding along; and their progress.
 Once per loop turn the flusher stores finished attempts (complete.lua: outcome + ack + the next
 step) and records the starts of the tasks that have run START_RECORD_S and still run (accept.lua:
 an agent starts a task as soon as it reads it and records the start later, dated when it
-started), in one round trip. With one
-capability (and not on Cluster, whose pipelines refuse EVALSHA) the slots of ended tasks are
-kept for that report, which also reads the next entries of the inbox: a busy worker needs one
-round trip per batch, not two.
+started), in one round trip. With one capability (and not on Cluster, whose pipelines refuse
+EVALSHA) the slots of ended tasks are kept for that report, which also reads the next entries of
+the inbox: a busy worker needs one round trip per batch, not two.
 """
 
 from __future__ import annotations

@@ -425,7 +425,7 @@ def test_a_start_is_recorded_once_the_task_has_run_a_while_and_dated_when_it_beg
 
     for handle, state in ((long, "running"), (short, "succeeded")):
         start = began(handle.task_id)
-        assert abs(recorded(handle.task_id, state) - start) <= 40  # (one host's clocks, whole ms)
+        assert abs(recorded(handle.task_id, state) - start) <= 60  # (one host's clocks; undated: 100)
         assert [e.type for e in handle.events(timeout=30)].count("accepted") == 1
     assert long.result(timeout=30) == {"slept": 2.0}
 
