@@ -137,9 +137,8 @@ class GoneWatch:
                 self.absent[agent_id] = (now, record.last_seen_ms)
             elif (now - since) * 1000 >= gone_ms(self.ctx.settings):
                 moved += await self._hand_on(agent_id, now - since)
-        for agent_id in list(self.absent):
-            if agent_id not in records or agent_id in connected:
-                del self.absent[agent_id]
+        # (those connected left it in the loop above; these no longer serve the capability)
+        self.absent = {a: v for a, v in self.absent.items() if a in records}
         return moved
 
     async def _hand_on(self, agent_id: str, absent_s: float) -> int:
