@@ -5,7 +5,8 @@ then does the housekeeping that is due (intake, due retries, due deadlines: hous
 the lease sweep (leases.py), the check for agents that stopped reading their inbox (stalls.py)
 and, once a second, the check for tasks no agent could take (no_agent.py). With nothing moving,
 the loop sleeps until a wake-up (new task, freed capacity, registry change), the next due retry
-or deadline, or the next lease sweep or stall check; never longer than the idle tick. The parts:
+or deadline, or the next lease sweep or stall check; never longer than the idle tick. While the
+last round found every agent full, a new task wakes no round (see FULL_RECHECK_S). The parts:
 
     observations  loads, told speeds, health, probes; the round's candidates
     ready         the ready queue's front
@@ -47,6 +48,10 @@ log = logging.getLogger("reach.dispatcher")
 ROUND_GATHER_S = 0.001
 """A round that completions call for waits this long first, so that the completions of a burst
 make one round (one round trip) instead of one each; new tasks and registry changes do not."""
+FULL_RECHECK_S = 0.05
+"""While the last round found every agent full, new tasks wait for room in the queue: room comes
+with a completion (which pulls the next task itself, or wakes a round when it could not) or a
+registry change (which wakes one), and otherwise a round looks this often."""
 
 Chosen = list[tuple[ReadyTask, Choice]]
 
@@ -75,15 +80,19 @@ class CapabilityLoop:
         self._wake = asyncio.Event()
         self._urgent = False
         """A wake-up that must not wait (new tasks, registry changes)."""
+        self._full = False
+        """Whether the last round found agents and no room in any (see FULL_RECHECK_S)."""
 
     # -- wake-ups ---------------------------------------------------------------------------
 
     def kick(self, new_tasks: bool = False) -> None:
-        self._urgent = True
         if new_tasks:
             self.housekeeping.hurry()
             self.ready.maybe_queued = True
             self.ready.forget()
+            if self._full:
+                return  # (no agent has room: a round now would only find that again)
+        self._urgent = True
         self._wake.set()
 
     def on_free(self, health_changed: bool = False, finished: int = 1, pulled: int = 0) -> None:
@@ -169,6 +178,8 @@ class CapabilityLoop:
                       self.stalls.next_at - time.monotonic(), self.gone.next_at - time.monotonic())
         if self._hold_until:
             timeout = min(timeout, max(0.0, self._hold_until - time.monotonic()))
+        if self._full and self.ready.maybe_queued:
+            timeout = min(timeout, FULL_RECHECK_S)
         return max(0.001, timeout)
 
     async def step(self) -> bool:
@@ -208,6 +219,7 @@ class CapabilityLoop:
         # the queue is empty, so a round is rare then. The set standing is its last writer's:
         # the agents another dispatcher granted are read by the registry refresh.)
         await self.observations.refresh_unsure(self.grants.granted_agents())
+        self._full = False
         candidates, filtered = self.gone.routable(*self.stalls.routable(*self.observations.candidates()))
         if not candidates or self.policy.current.paused:
             # (Paused: nothing starts, by a round, a grant or a pull.)
@@ -220,6 +232,7 @@ class CapabilityLoop:
             return settled
         round_ = RoutingRound(candidates, self.ctx.settings, self.ctx.view.now_ms(), self._rng,
                               self.observations.probes, filtered)
+        self._full = round_.capacity <= 0
         want = round_tasks(round_, self.ctx.settings)
         choices, drained, settled = await self._choose(round_, want)
         if self.metrics is not None and choices:

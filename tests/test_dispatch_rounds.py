@@ -4,6 +4,7 @@ ends with the agents' exact inbox loads."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import Counter
 from types import SimpleNamespace
 from typing import Any
@@ -12,10 +13,11 @@ import pytest
 
 from bench.dispatch_bench import CAP, SimulatedAgents
 from broker import ReachClient
-from broker.keys import CapabilityKeys
+from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.settings import Settings
 from dispatcher import handoff
-from dispatcher.capability import CapabilityLoop
+from dispatcher.capability import FULL_RECHECK_S, CapabilityLoop
+from dispatcher.housekeeping import HOUSEKEEPING_S
 from tests.conftest import sync_redis
 from tests.test_handoff import loop_without_service
 
@@ -157,6 +159,52 @@ async def test_a_round_that_leaves_tasks_queued_takes_the_grants_back(
         refreshed.clear()
         await loop.route()
         assert refreshed == []  # (no grants stand: nothing changes behind the round's back)
+    finally:
+        await loop.ctx.close()
+        r.close()
+
+
+async def test_new_tasks_wake_no_round_while_every_agent_is_full(redis_url: str, settings: Settings) -> None:
+    # At saturation each submit that queues a task sends a wake-up; a round for each found no
+    # room and cost the dispatcher (and Redis) a round trip or two per task. While the last
+    # round found every agent full, a new task waits for room in the queue instead: room comes
+    # with a completion (which pulls it, or wakes a round) or a registry change (a kick), and
+    # a round looks every FULL_RECHECK_S. Housekeeping for a new task's deadline keeps its pace.
+    r = sync_redis(redis_url)
+    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, 2)
+    sim.register()
+    sim.stop()
+    keys = CapabilityKeys(settings.prefix, CAP)
+    with ReachClient(settings) as client:
+        client.submit_many(CAP, [{"i": i} for i in range(200)])
+    loop = loop_without_service(settings, CAP)
+    try:
+        await loop.ctx.view.refresh()
+        await route_until_idle(loop)
+        queued = r.zcard(keys.queue)
+        assert 0 < queued < 200, "both agents were to be filled, with tasks left queued"
+        assert not await loop.route()  # (a round that finds no room)
+        await loop.housekeeping.run()
+        loop._wake.clear()
+        loop.kick(new_tasks=True)
+        assert not loop._wake.is_set()
+        assert loop._idle_timeout() <= FULL_RECHECK_S
+        assert not loop.housekeeping.due(), "a new task must not hurry housekeeping past its pace"
+        loop.kick()  # (a registry change: room may have come)
+        assert loop._wake.is_set()
+
+        # Room comes: one agent's inbox emptied (as if it finished and acknowledged its tasks).
+        agent = sim.ids[0]
+        entries = [entry_id for entry_id, _ in r.xrange(keys.inbox(agent))]
+        r.xack(keys.inbox(agent), AGENT_GROUP, *entries)
+        r.xdel(keys.inbox(agent), *entries)
+        await loop.observations.refresh([agent])
+        assert await loop.route()
+        assert r.zcard(keys.queue) < queued
+        if r.zcard(keys.queue):
+            assert not await loop.route()  # (full again)
+        await asyncio.sleep(HOUSEKEEPING_S)
+        assert loop.housekeeping.due()
     finally:
         await loop.ctx.close()
         r.close()
