@@ -155,6 +155,8 @@ class Reporter:
     def _take_due_starts(self) -> dict[str, list[Attempt]]:
         """The unrecorded starts of tasks still running that have run START_RECORD_S; the
         younger stay, and wake the flusher when the oldest of them is due."""
+        if not self._unrecorded:
+            return {}
         cutoff = asyncio.get_running_loop().time() - START_RECORD_S + 0.001
         by_task = self.running.by_task
         due: dict[str, list[Attempt]] = {}

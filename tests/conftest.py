@@ -148,6 +148,19 @@ def sync_redis(url: str, **options: Any) -> Any:
     return redis.Redis.from_url(url, decode_responses=True, **options)
 
 
+def silent_agents(r: Any, settings: Settings, count: int) -> Any:
+    """`count` of the benchmark's stand-in agents for its capability, registered with one
+    heartbeat and then silent (a test's rounds take well under suspect_after_ms)."""
+    from types import SimpleNamespace
+
+    from bench.dispatch_bench import SimulatedAgents
+
+    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, count)
+    sim.register()
+    sim.stop()
+    return sim
+
+
 def _delete_prefix(url: str, prefix: str) -> None:
     client = sync_redis(url)
     try:

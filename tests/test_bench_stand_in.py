@@ -5,17 +5,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from bench.dispatch_bench import CAP, SimulatedAgents
+from bench.dispatch_bench import CAP
 from bench.workers.sim_consumer import dispatched_to
 from broker import ReachClient
 from broker.keys import CapabilityKeys, Channels
 from broker.protocol.delivery import AgentBatch, dispatch_call
 from broker.scripts import Scripts
-from tests.conftest import sync_redis
+from tests.conftest import silent_agents, sync_redis
 
 pytestmark = pytest.mark.one_redis
 
@@ -24,9 +23,7 @@ TRIM = (Path(__file__).parents[1] / "bench" / "workers" / "sim_trim_free.lua").r
 
 def test_the_trim_stand_in_empties_exactly_the_inboxes_the_feed_names_and_says_so(redis_url, settings):
     r = sync_redis(redis_url)
-    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, 3)
-    sim.register()
-    sim.stop()
+    sim = silent_agents(r, settings, 3)
     keys = CapabilityKeys(settings.prefix, CAP)
     with ReachClient(settings) as client:
         client.submit_many(CAP, [{"i": i} for i in range(7)])

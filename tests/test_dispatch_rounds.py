@@ -4,21 +4,20 @@ ends with the agents' exact inbox loads."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 from collections import Counter
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from bench.dispatch_bench import CAP, SimulatedAgents
+from bench.dispatch_bench import CAP
 from broker import ReachClient
 from broker.keys import AGENT_GROUP, CapabilityKeys
 from broker.settings import Settings
 from dispatcher import handoff
 from dispatcher.capability import FULL_RECHECK_S, CapabilityLoop
 from dispatcher.housekeeping import HOUSEKEEPING_S
-from tests.conftest import sync_redis
+from tests.conftest import silent_agents, sync_redis
 from tests.test_handoff import loop_without_service
 
 pytestmark = pytest.mark.one_redis
@@ -45,9 +44,7 @@ async def test_rounds_routed_while_calls_are_in_flight_hand_each_task_off_once(
 ) -> None:
     interloper = case == "inboxes-filled-meanwhile"
     r = sync_redis(redis_url)
-    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, AGENTS)
-    sim.register()
-    sim.stop()  # (one heartbeat: the rounds below take well under suspect_after_ms)
+    sim = silent_agents(r, settings, AGENTS)
     keys = CapabilityKeys(settings.prefix, CAP)
     with ReachClient(settings) as client:
         stuck = []
@@ -132,9 +129,7 @@ async def test_a_round_that_leaves_tasks_queued_takes_the_grants_back(
     # back. Otherwise every later round under load would go on reading the loads of agents
     # granted long ago (see _route), and the grants would outlive the room they promised.
     r = sync_redis(redis_url)
-    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, 20)
-    sim.register()
-    sim.stop()
+    silent_agents(r, settings, 20)
     keys = CapabilityKeys(settings.prefix, CAP)
     loop = loop_without_service(settings, CAP)
     refreshed: list[int] = []
@@ -171,9 +166,7 @@ async def test_new_tasks_wake_no_round_while_every_agent_is_full(redis_url: str,
     # with a completion (which pulls it, or wakes a round) or a registry change (a kick), and
     # a round looks every FULL_RECHECK_S. Housekeeping for a new task's deadline keeps its pace.
     r = sync_redis(redis_url)
-    sim = SimulatedAgents(SimpleNamespace(target=SimpleNamespace(r=r)), settings, 2)
-    sim.register()
-    sim.stop()
+    sim = silent_agents(r, settings, 2)
     keys = CapabilityKeys(settings.prefix, CAP)
     with ReachClient(settings) as client:
         client.submit_many(CAP, [{"i": i} for i in range(200)])
@@ -190,6 +183,7 @@ async def test_new_tasks_wake_no_round_while_every_agent_is_full(redis_url: str,
         assert not loop._wake.is_set()
         assert loop._idle_timeout() <= FULL_RECHECK_S
         assert not loop.housekeeping.due(), "a new task must not hurry housekeeping past its pace"
+        assert loop.housekeeping.next_at - time.monotonic() <= HOUSEKEEPING_S  # (yet keeps it)
         loop.kick()  # (a registry change: room may have come)
         assert loop._wake.is_set()
 
@@ -203,8 +197,6 @@ async def test_new_tasks_wake_no_round_while_every_agent_is_full(redis_url: str,
         assert r.zcard(keys.queue) < queued
         if r.zcard(keys.queue):
             assert not await loop.route()  # (full again)
-        await asyncio.sleep(HOUSEKEEPING_S)
-        assert loop.housekeeping.due()
     finally:
         await loop.ctx.close()
         r.close()
